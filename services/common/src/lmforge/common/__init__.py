@@ -1,0 +1,1 @@
+"""Code shared by every lmforge service: config, logging, errors, storage, shard format, metrics."""

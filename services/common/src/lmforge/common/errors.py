@@ -1,0 +1,29 @@
+"""Typed errors. A CLI maps any LmforgeError to a clear message and a non-zero exit."""
+
+
+class LmforgeError(Exception):
+    """Base class of every error lmforge raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(LmforgeError):
+    """Invalid configuration; the message names the offending field."""
+
+    exit_code = 2
+
+
+class InputError(LmforgeError):
+    """Input that cannot be used: missing, unreadable, malformed."""
+
+    exit_code = 3
+
+
+class StorageError(LmforgeError):
+    """An object-store or filesystem operation failed."""
+
+    exit_code = 4
+
+
+class ShardFormatError(InputError):
+    """A token shard whose header, size or checksum is wrong."""

@@ -1,0 +1,144 @@
+"""The token shard format shared by data-prep (writer) and the trainer (reader).
+
+A shard `NAME.bin` is a 1024-byte header followed by little-endian tokens:
+
+    offset  size  field
+    0       8     magic  b"LMFSHARD"
+    8       4     format version (uint32) = 1
+    12      4     bytes per token (uint32): 2 (uint16) or 4 (uint32)
+    16      8     token count (uint64)
+    24      8     document count (uint64)
+    32      4     end-of-text token id (uint32)
+    36      4     vocabulary size (uint32)
+    40      32    sha256 of the tokenizer.json that produced the tokens
+    72      ...   zero padding to 1024
+
+Documents are separated by the end-of-text token (each document is followed by one).
+`NAME.idx` holds the uint64 token offsets at which each document ends (exclusive), so
+readers can find document boundaries without scanning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from lmforge.common.errors import ShardFormatError
+from lmforge.common.storage import atomic_open
+
+MAGIC = b"LMFSHARD"
+FORMAT_VERSION = 1
+HEADER_BYTES = 1024
+_HEADER = struct.Struct("<8sIIQQII32s")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every token id fits, else uint32."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    itemsize: int
+    token_count: int
+    doc_count: int
+    eot_id: int
+    vocab_size: int
+    tokenizer_sha256: str
+    version: int = FORMAT_VERSION
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype("<u2") if self.itemsize == 2 else np.dtype("<u4")
+
+    def pack(self) -> bytes:
+        raw = _HEADER.pack(
+            MAGIC,
+            self.version,
+            self.itemsize,
+            self.token_count,
+            self.doc_count,
+            self.eot_id,
+            self.vocab_size,
+            bytes.fromhex(self.tokenizer_sha256),
+        )
+        return raw + b"\0" * (HEADER_BYTES - len(raw))
+
+    @classmethod
+    def unpack(cls, raw: bytes, source: str = "<shard>") -> ShardHeader:
+        if len(raw) < HEADER_BYTES:
+            raise ShardFormatError(f"{source}: file too short for a shard header ({len(raw)} bytes)")
+        magic, version, itemsize, tokens, docs, eot, vocab, tok_sha = _HEADER.unpack_from(raw)
+        if magic != MAGIC:
+            raise ShardFormatError(f"{source}: not an lmforge shard (magic {magic!r})")
+        if version != FORMAT_VERSION:
+            raise ShardFormatError(f"{source}: unsupported shard format version {version}")
+        if itemsize not in (2, 4):
+            raise ShardFormatError(f"{source}: invalid token size {itemsize}")
+        return cls(itemsize, tokens, docs, eot, vocab, tok_sha.hex(), version)
+
+
+def write_shard(
+    path: str | Path,
+    tokens: np.ndarray,
+    doc_ends: np.ndarray,
+    *,
+    eot_id: int,
+    vocab_size: int,
+    tokenizer_sha256: str,
+) -> str:
+    """Atomically write `path` (+ `.idx`); return the sha256 of the .bin file."""
+    dtype = token_dtype(vocab_size)
+    tokens = np.ascontiguousarray(tokens, dtype=dtype)
+    doc_ends = np.ascontiguousarray(doc_ends, dtype="<u8")
+    if len(doc_ends) and int(doc_ends[-1]) != len(tokens):
+        raise ValueError("the last document end must equal the token count")
+    header = ShardHeader(dtype.itemsize, len(tokens), len(doc_ends), eot_id, vocab_size, tokenizer_sha256)
+    digest = hashlib.sha256()
+    path = Path(path)
+    with atomic_open(path) as fh:
+        for chunk in (header.pack(), tokens.tobytes()):
+            digest.update(chunk)
+            fh.write(chunk)
+    with atomic_open(index_path(path)) as fh:
+        fh.write(doc_ends.tobytes())
+    return digest.hexdigest()
+
+
+def index_path(path: str | Path) -> Path:
+    return Path(path).with_suffix(".idx")
+
+
+def read_header(fh: BinaryIO, source: str) -> ShardHeader:
+    return ShardHeader.unpack(fh.read(HEADER_BYTES), source)
+
+
+def open_shard(path: str | Path) -> tuple[ShardHeader, np.memmap]:
+    """Validate the header and size, return (header, memory-mapped tokens)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            header = read_header(fh, str(path))
+    except OSError as exc:
+        raise ShardFormatError(f"{path}: cannot read shard: {exc}") from exc
+    expected = HEADER_BYTES + header.token_count * header.itemsize
+    if size != expected:
+        raise ShardFormatError(
+            f"{path}: size {size} bytes does not match the header "
+            f"({header.token_count} tokens x {header.itemsize} B + {HEADER_BYTES} B header = {expected});"
+            " the file is truncated or corrupt"
+        )
+    tokens = np.memmap(path, dtype=header.dtype, mode="r", offset=HEADER_BYTES, shape=(header.token_count,))
+    return header, tokens
+
+
+def read_doc_ends(path: str | Path) -> np.ndarray:
+    return np.fromfile(index_path(path), dtype="<u8")

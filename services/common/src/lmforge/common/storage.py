@@ -1,0 +1,327 @@
+"""Where bytes live: local paths, http(s) URLs and s3:// URIs.
+
+Two kinds of use:
+- `open_input(uri)` streams one input (WET file, listing) from any of the three;
+- a `Store` is an output root (a local directory or an s3:// prefix) with atomic writes:
+  a reader never sees a half-written file, and a failed write leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import glob
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import urlparse
+
+from lmforge.common.errors import InputError, StorageError
+
+PUBLIC_ANONYMOUS_BUCKETS = frozenset({"commoncrawl"})
+HTTP_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, uri: str) -> S3Location:
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise InputError(f"not an s3:// URI: {uri!r}")
+        return cls(parsed.netloc, parsed.path.lstrip("/"))
+
+
+def scheme_of(uri: str) -> str:
+    scheme = urlparse(uri).scheme
+    return scheme if scheme in {"s3", "http", "https", "file"} else "file"
+
+
+def local_path_of(uri: str) -> Path:
+    return Path(urlparse(uri).path) if uri.startswith("file://") else Path(uri)
+
+
+def s3_client(bucket: str | None = None, endpoint_url: str | None = None):
+    """A boto3 S3 client. Credentials come from the standard AWS chain; the endpoint
+    from the argument or AWS_ENDPOINT_URL(_S3). Public buckets are read unsigned."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    anonymous = bucket in PUBLIC_ANONYMOUS_BUCKETS and os.environ.get("LMFORGE_S3_ANONYMOUS", "1") != "0"
+    config = Config(
+        retries={"max_attempts": 8, "mode": "adaptive"},
+        signature_version=UNSIGNED if anonymous else None,
+    )
+    return boto3.client("s3", endpoint_url=endpoint_url, config=config)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def expand_inputs(patterns: list[str]) -> list[str]:
+    """Expand local globs and s3:// globs into a sorted, de-duplicated list of URIs.
+    http(s) URLs are taken as they are. A pattern that matches nothing is an error."""
+    found: list[str] = []
+    for pattern in patterns:
+        scheme = scheme_of(pattern)
+        if scheme in {"http", "https"}:
+            found.append(pattern)
+        elif scheme == "s3":
+            found.extend(_expand_s3(pattern))
+        else:
+            path = str(local_path_of(pattern))
+            matches = sorted(glob.glob(path, recursive=True)) if glob.has_magic(path) else [path]
+            matches = [m for m in matches if not os.path.isdir(m)]
+            if not matches:
+                raise InputError(f"input pattern matched no files: {pattern}")
+            found.extend(matches)
+    return sorted(dict.fromkeys(found))
+
+
+def _expand_s3(pattern: str) -> list[str]:
+    loc = S3Location.parse(pattern)
+    if not glob.has_magic(loc.key):
+        return [pattern]
+    prefix = loc.key[: min(loc.key.index(c) for c in "*?[" if c in loc.key)]
+    client = s3_client(loc.bucket)
+    keys = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix):
+        keys.extend(obj["Key"] for obj in page.get("Contents", []))
+    matches = [f"s3://{loc.bucket}/{k}" for k in sorted(keys) if fnmatch.fnmatchcase(k, loc.key)]
+    if not matches:
+        raise InputError(f"input pattern matched no objects: {pattern}")
+    return matches
+
+
+def open_input(uri: str) -> BinaryIO:
+    """Open an input for streaming reads. Raises InputError when it cannot be opened."""
+    scheme = scheme_of(uri)
+    try:
+        if scheme in {"http", "https"}:
+            request = urllib.request.Request(uri, headers={"User-Agent": "lmforge-dataprep/0.1"})
+            return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - scheme checked
+        if scheme == "s3":
+            loc = S3Location.parse(uri)
+            body = s3_client(loc.bucket).get_object(Bucket=loc.bucket, Key=loc.key)["Body"]
+            return body  # botocore StreamingBody: read(n), close()
+        return open(local_path_of(uri), "rb")
+    except (OSError, urllib.error.URLError) as exc:
+        raise InputError(f"cannot open input {uri}: {exc}") from exc
+    except Exception as exc:  # botocore ClientError, EndpointConnectionError, ...
+        if type(exc).__module__.startswith("botocore"):
+            raise InputError(f"cannot open input {uri}: {exc}") from exc
+        raise
+
+
+def input_size(uri: str) -> int | None:
+    """Size in bytes when it is cheap to know (local files), else None."""
+    if scheme_of(uri) == "file":
+        try:
+            return local_path_of(uri).stat().st_size
+        except OSError:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------- output stores
+
+
+class Store(ABC):
+    """An output root with atomic writes. Paths are relative, '/'-separated."""
+
+    uri: str
+
+    @abstractmethod
+    def exists(self, rel: str) -> bool: ...
+
+    @abstractmethod
+    def read_bytes(self, rel: str) -> bytes: ...
+
+    @abstractmethod
+    def open_write(self, rel: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """Write through a file object; the result appears only if the block succeeds."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Relative paths of files under `prefix`, sorted."""
+
+    @abstractmethod
+    def local_path(self, rel: str) -> Path:
+        """A local file with the content of `rel` (a download for remote stores)."""
+
+    @abstractmethod
+    def delete(self, rel: str) -> None: ...
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        with self.open_write(rel) as fh:
+            fh.write(data)
+
+    def read_text(self, rel: str) -> str:
+        return self.read_bytes(rel).decode("utf-8")
+
+    def write_text(self, rel: str, text: str) -> None:
+        self.write_bytes(rel, text.encode("utf-8"))
+
+    def join(self, rel: str) -> str:
+        return self.uri.rstrip("/") + "/" + rel
+
+
+class LocalStore(Store):
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.uri = str(self.root)
+
+    def _path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def exists(self, rel: str) -> bool:
+        return self._path(rel).exists()
+
+    def read_bytes(self, rel: str) -> bytes:
+        try:
+            return self._path(rel).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read {self._path(rel)}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def open_write(self, rel: str) -> Iterator[BinaryIO]:
+        with atomic_open(self._path(rel)) as fh:
+            yield fh
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix)
+        if not base.exists():
+            return []
+        if base.is_file():
+            return [prefix]
+        out = []
+        for path in base.rglob("*"):
+            if path.is_file() and not path.name.startswith(".tmp-"):
+                out.append(path.relative_to(self.root).as_posix())
+        return sorted(out)
+
+    def local_path(self, rel: str) -> Path:
+        return self._path(rel)
+
+    def delete(self, rel: str) -> None:
+        path = self._path(rel)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+class S3Store(Store):
+    def __init__(self, uri: str, cache_dir: str | Path | None = None):
+        loc = S3Location.parse(uri.rstrip("/") + "/")
+        self.bucket, self.prefix = loc.bucket, loc.key
+        self.uri = uri.rstrip("/")
+        self.client = s3_client(self.bucket)
+        self.cache_dir = Path(cache_dir or tempfile.mkdtemp(prefix="lmforge-s3cache-"))
+
+    def _key(self, rel: str) -> str:
+        return self.prefix + rel
+
+    def exists(self, rel: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(rel))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
+                return False
+            raise StorageError(f"cannot stat {self.join(rel)}: {exc}") from exc
+
+    def read_bytes(self, rel: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(rel))["Body"].read()
+        except Exception as exc:
+            raise StorageError(f"cannot read {self.join(rel)}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def open_write(self, rel: str) -> Iterator[BinaryIO]:
+        # S3 PUTs are atomic; spool to a local temp file so large objects use multipart upload.
+        with tempfile.NamedTemporaryFile(prefix=".tmp-", dir=self.cache_dir, delete=True) as tmp:
+            yield tmp
+            tmp.flush()
+            try:
+                self.client.upload_file(tmp.name, self.bucket, self._key(rel))
+            except Exception as exc:
+                raise StorageError(f"cannot write {self.join(rel)}: {exc}") from exc
+
+    def list(self, prefix: str = "") -> list[str]:
+        keys = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(prefix)
+        ):
+            keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def local_path(self, rel: str) -> Path:
+        target = self.cache_dir / rel
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".tmp-{target.name}")
+            try:
+                self.client.download_file(self.bucket, self._key(rel), str(tmp))
+            except Exception as exc:
+                raise StorageError(f"cannot download {self.join(rel)}: {exc}") from exc
+            os.replace(tmp, target)
+        return target
+
+    def delete(self, rel: str) -> None:
+        for key in self.list(rel):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def open_store(uri: str | Path) -> Store:
+    uri = str(uri)
+    if scheme_of(uri) == "s3":
+        return S3Store(uri)
+    if scheme_of(uri) in {"http", "https"}:
+        raise StorageError(f"cannot write output to an http(s) URL: {uri}")
+    return LocalStore(local_path_of(uri))
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[BinaryIO]:
+    """Open a temp file beside `path`; rename it over `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_open(path) as fh:
+        fh.write(data)

@@ -1,0 +1,1 @@
+"""lmforge data preparation: Common Crawl WET → clean, deduplicated, tokenized shards."""
