@@ -1,0 +1,54 @@
+# lmforge: `make demo` runs the platform's main job locally, `make test` passes the tests.
+# Both set themselves up on a fresh machine (a .venv, the services installed editable,
+# the Debian packages the tests need).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+SETUP_STAMP := $(VENV)/.lmforge-setup
+SERVICES := services/common services/dataprep
+APT_PACKAGES :=
+DEMO_DIR ?= demo-output
+DEMO_DOCS ?= 3000
+
+.PHONY: setup demo test test-fast lint bench-dataprep clean
+
+setup: $(SETUP_STAMP)
+
+$(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(SERVICES),$(s)/pyproject.toml)
+	@if [ -n "$(APT_PACKAGES)" ]; then \
+	  missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  if [ -n "$$missing" ]; then \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  fi; \
+	fi
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(SERVICES),-e $(s))
+	touch $(SETUP_STAMP)
+
+demo: setup
+	@mkdir -p $(DEMO_DIR)
+	$(VENV)/bin/lmforge-dataprep sample-data --output $(DEMO_DIR)/sample.warc.wet.gz --docs $(DEMO_DOCS) --seed 7
+	$(VENV)/bin/lmforge-dataprep run --input $(DEMO_DIR)/sample.warc.wet.gz --output $(DEMO_DIR)/dataprep \
+	  --set tokenizer.vocab_size=4096 --set shards.shard_tokens=200000 --set shards.val_fraction=0.02
+	@echo
+	@echo "Data-prep report: $(DEMO_DIR)/dataprep/report.html (numbers: report.json, shards: manifest.json)"
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check services tests bench
+
+bench-dataprep: setup
+	$(PY) bench/dataprep_bench.py
+
+clean:
+	rm -rf $(DEMO_DIR) bench/out .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from lmforge.dataprep.cli import main
+
+sys.exit(main())

@@ -1,0 +1,222 @@
+"""Global dedup across all workers and inputs, in two stages that scale out.
+
+1. `group_partition(p)`: partition p is one LSH band (or one slice of it by key range),
+   or the exact-URL or exact-content key. It loads only that column of keys from every
+   input, finds documents sharing a key and emits duplicate edges. Band candidates are
+   verified against the full signatures (estimated Jaccard ≥ threshold); URL and content
+   keys are exact. Partitions are independent: processes or Indexed-Job pods share them.
+2. `cluster()`: connected components over all edges (scipy); in each component the
+   document with the lowest id (first in input order) survives, the others are removed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from lmforge.common.errors import InputError
+from lmforge.common.storage import Store
+from lmforge.dataprep import layout
+from lmforge.dataprep.config import MinHashConfig
+from lmforge.dataprep.minhash import estimated_jaccard, lsh_params
+
+# Edge kinds, in order of precedence when a removed document has several.
+KIND_CONTENT, KIND_URL, KIND_NEAR = 0, 1, 2
+KIND_REASONS = {KIND_CONTENT: "duplicate_content", KIND_URL: "duplicate_url", KIND_NEAR: "near_duplicate"}
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    bands: int
+    partitions_per_band: int
+
+    @classmethod
+    def from_config(cls, config: MinHashConfig) -> PartitionPlan:
+        bands, _ = lsh_params(config) if config.enabled else (0, 0)
+        return cls(bands, config.partitions_per_band)
+
+    @property
+    def count(self) -> int:
+        return self.bands * self.partitions_per_band + 2
+
+    def describe(self, partition: int) -> tuple[int, int, int]:
+        """(key column, kind, key-range slice) of a partition."""
+        band_partitions = self.bands * self.partitions_per_band
+        if partition < band_partitions:
+            return partition // self.partitions_per_band, KIND_NEAR, partition % self.partitions_per_band
+        column = self.bands + (partition - band_partitions)  # bands..: url key, then content key
+        return column, KIND_URL if partition == band_partitions else KIND_CONTENT, 0
+
+
+def write_minhash_config(store: Store, config: MinHashConfig) -> None:
+    bands, rows = lsh_params(config)
+    payload = {**config.model_dump(mode="json"), "bands": bands, "rows": rows}
+    if store.exists(layout.MINHASH_CONFIG):
+        existing = json.loads(store.read_text(layout.MINHASH_CONFIG))
+        if existing != payload:
+            raise InputError(
+                f"{store.join(layout.MINHASH_CONFIG)} was written with another MinHash config "
+                f"({existing}); signatures are not comparable. Use a fresh output directory."
+            )
+        return
+    store.write_text(layout.MINHASH_CONFIG, json.dumps(payload, indent=1, sort_keys=True))
+
+
+def check_minhash_config(store: Store, config: MinHashConfig) -> None:
+    if not store.exists(layout.MINHASH_CONFIG):
+        raise InputError(f"{store.join(layout.MINHASH_CONFIG)} is missing: run the per-input stage first")
+    write_minhash_config(store, config)  # raises on mismatch
+
+
+def _load_npz(store: Store, i: int):
+    return np.load(io.BytesIO(store.read_bytes(layout.minhash(i))))
+
+
+def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partition: int) -> int:
+    """Write the duplicate edges of one partition; returns the number of edges."""
+    if store.exists(layout.edges(partition)):
+        return int(np.load(store.local_path(layout.edges(partition))).shape[0])
+    plan = PartitionPlan.from_config(config)
+    column, kind, key_slice = plan.describe(partition)
+    keys_parts, ids_parts, input_parts = [], [], []
+    for i in range(n_inputs):
+        with _load_npz(store, i) as data:
+            keys = data["keys"][:, column] if len(data["doc_ids"]) else np.zeros(0, np.uint64)
+            ids = data["doc_ids"]
+        if kind == KIND_NEAR and plan.partitions_per_band > 1:
+            mask = keys % np.uint64(plan.partitions_per_band) == key_slice
+            keys, ids = keys[mask], ids[mask]
+        keys_parts.append(keys)
+        ids_parts.append(ids)
+        input_parts.append(np.full(len(ids), i, dtype=np.int64))
+    keys = np.concatenate(keys_parts) if keys_parts else np.zeros(0, np.uint64)
+    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
+    order = np.lexsort((ids, keys))  # by key, then by doc id: each run starts with its lowest id
+    keys, ids = keys[order], ids[order]
+    edges = _edges_for_runs(store, config, keys, ids, kind)
+    buffer = io.BytesIO()
+    np.save(buffer, edges)
+    store.write_bytes(layout.edges(partition), buffer.getvalue())
+    return int(edges.shape[0])
+
+
+def _runs(keys: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of ≥ 2 equal keys in a sorted array."""
+    if len(keys) < 2:
+        return []
+    boundaries = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    starts = np.concatenate(([0], boundaries))
+    ends = np.concatenate((boundaries, [len(keys)]))
+    keep = ends - starts >= 2
+    return list(zip(starts[keep].tolist(), ends[keep].tolist()))
+
+
+def _edges_for_runs(store: Store, config: MinHashConfig, keys, ids, kind: int) -> np.ndarray:
+    runs = _runs(keys)
+    if not runs:
+        return np.zeros((0, 3), dtype=np.uint64)
+    if kind != KIND_NEAR:
+        pairs = [(ids[j], ids[start]) for start, end in runs for j in range(start + 1, end)]
+        return _edge_array(pairs, kind)
+    signatures = _SignatureLookup(store)
+    pairs = []
+    for start, end in runs:
+        members = ids[start:end]
+        sigs = signatures.get(members)
+        pairs.extend(_verified_pairs(members, sigs, config.threshold, config.max_pairs_per_bucket))
+    return _edge_array(pairs, kind)
+
+
+def _verified_pairs(members: np.ndarray, sigs: np.ndarray, threshold: float, cap: int) -> list[tuple[int, int]]:
+    """Link each member to the first earlier member (among the first `cap`) whose
+    estimated Jaccard reaches the threshold."""
+    anchors = sigs[: min(cap, len(members))]
+    similarity = estimated_jaccard(sigs[:, None, :], anchors[None, :, :])  # (members, anchors)
+    pairs = []
+    for j in range(1, len(members)):
+        limit = min(j, len(anchors))
+        hits = np.flatnonzero(similarity[j, :limit] >= threshold)
+        if len(hits):
+            pairs.append((members[j], members[hits[0]]))
+    return pairs
+
+
+def _edge_array(pairs, kind: int) -> np.ndarray:
+    if not pairs:
+        return np.zeros((0, 3), dtype=np.uint64)
+    edges = np.empty((len(pairs), 3), dtype=np.uint64)
+    edges[:, :2] = np.asarray(pairs, dtype=np.uint64)
+    edges[:, 2] = kind
+    return edges
+
+
+class _SignatureLookup:
+    """Signatures of given doc ids. Signature matrices are memory-mapped, so only the
+    pages of the documents asked for are read, never every signature of the corpus."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _input(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        if i not in self._cache:
+            with _load_npz(self.store, i) as data:
+                ids = data["doc_ids"]
+            sigs = np.load(self.store.local_path(layout.signatures(i)), mmap_mode="r")
+            self._cache[i] = (ids, sigs)
+        return self._cache[i]
+
+    def get(self, doc_ids: np.ndarray) -> np.ndarray:
+        rows = []
+        for doc_id in doc_ids.tolist():
+            ids, sigs = self._input(doc_id >> 32)
+            rows.append(sigs[np.searchsorted(ids, doc_id)])
+        return np.stack(rows)
+
+
+def cluster(store: Store, config: MinHashConfig) -> dict:
+    """Connected components over every partition's edges; write the removed ids."""
+    plan = PartitionPlan.from_config(config)
+    missing = [p for p in range(plan.count) if not store.exists(layout.edges(p))]
+    if missing:
+        raise InputError(f"dedup partitions not finished: {missing[:10]}{'…' if len(missing) > 10 else ''}")
+    edges = [np.load(store.local_path(layout.edges(p))) for p in range(plan.count)]
+    edges = np.concatenate(edges) if edges else np.zeros((0, 3), np.uint64)
+    removed_ids, reasons, clusters = _components(edges)
+    buffer = io.BytesIO()
+    np.savez(buffer, doc_ids=removed_ids, reasons=reasons)
+    counts = {KIND_REASONS[k]: int(np.sum(reasons == k)) for k in KIND_REASONS}
+    summary = {"clusters": clusters, "removed": counts, "edges": int(edges.shape[0]),
+               "removed_total": int(len(removed_ids))}
+    store.write_bytes(layout.DEDUP_REMOVED, buffer.getvalue())
+    store.write_text(layout.DEDUP_STATS, json.dumps(summary, indent=1))
+    return summary
+
+
+def _components(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    if edges.shape[0] == 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint8), 0
+    nodes, inverse = np.unique(edges[:, :2], return_inverse=True)
+    inverse = inverse.reshape(-1, 2)
+    n = len(nodes)
+    graph = coo_matrix((np.ones(len(inverse), dtype=np.int8), (inverse[:, 0], inverse[:, 1])), shape=(n, n))
+    count, labels = connected_components(graph, directed=False)
+    # nodes are sorted, so the first node seen per label is the lowest doc id: the survivor
+    order = np.arange(n)
+    first = np.full(count, n, dtype=np.int64)
+    np.minimum.at(first, labels, order)
+    removed_mask = order != first[labels]
+    kinds = np.full(n, 255, dtype=np.uint8)
+    for column in (0, 1):  # an edge's kind applies to both of its ends
+        np.minimum.at(kinds, inverse[:, column], edges[:, 2].astype(np.uint8))
+    return nodes[removed_mask], kinds[removed_mask], int(count)
+
+
+def load_removed(store: Store) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(io.BytesIO(store.read_bytes(layout.DEDUP_REMOVED))) as data:
+        return data["doc_ids"], data["reasons"]

@@ -1,0 +1,76 @@
+"""Where every artifact of a data-prep run lives, relative to the output root.
+
+Final artifacts (DESIGN.md): shards/, tokenizer.json, manifest.json, lineage/, rejects/,
+report.json, report.html. Intermediate state for resuming and for the global stages
+lives under work/.
+"""
+
+from __future__ import annotations
+
+CONFIG = "work/config.json"
+INPUTS = "work/inputs.json"
+MINHASH_CONFIG = "work/minhash_config.json"
+TOKENIZER = "tokenizer.json"
+MANIFEST = "manifest.json"
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+DEDUP_REMOVED = "work/dedup/removed.npz"
+DEDUP_STATS = "work/stats/global_dedup.json"
+TOKENIZER_STATS = "work/stats/global_tokenizer.json"
+SHARD_STATS = "work/stats/global_shards.json"
+
+
+def docs(i: int) -> str:
+    return f"work/docs/{i:06d}.parquet"
+
+
+def minhash(i: int) -> str:
+    return f"work/minhash/{i:06d}.npz"
+
+
+def signatures(i: int) -> str:
+    return f"work/minhash/{i:06d}.sig.npy"
+
+
+def input_stats(i: int) -> str:
+    return f"work/stats/input-{i:06d}.json"
+
+
+def input_done(i: int) -> str:
+    return f"work/done/input-{i:06d}"
+
+
+def filter_rejects(i: int) -> str:
+    return f"rejects/filter-{i:06d}.parquet"
+
+
+def dedup_rejects(i: int) -> str:
+    return f"rejects/dedup-{i:06d}.parquet"
+
+
+def edges(partition: int) -> str:
+    return f"work/dedup/edges-{partition:04d}.npy"
+
+
+def tokens(i: int) -> str:
+    return f"work/tokens/{i:06d}.bin"
+
+
+def token_index(i: int) -> str:
+    return f"work/tokens/{i:06d}.parquet"
+
+
+def tokenize_stats(i: int) -> str:
+    return f"work/stats/tokenize-{i:06d}.json"
+
+
+def tokenize_done(i: int) -> str:
+    return f"work/done/tokenize-{i:06d}"
+
+
+def shard(split: str, k: int) -> str:
+    return f"shards/{split}_{k:05d}.bin"
+
+
+def lineage(split: str, k: int) -> str:
+    return f"lineage/{split}_{k:05d}.parquet"

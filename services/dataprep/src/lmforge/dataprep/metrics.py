@@ -1,0 +1,36 @@
+"""Prometheus counters of a data-prep process (DESIGN.md names), fed from step stats.
+
+Workers of an Indexed Job are batch processes: they push to a Pushgateway when given one
+(grouped by job and worker index), and can also serve /metrics while they run."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, push_to_gateway
+
+from lmforge.common.metrics import new_registry
+from lmforge.dataprep.stats import StepStats
+
+
+class DataprepMetrics:
+    def __init__(self):
+        self.registry = new_registry()
+        self.documents = Counter("lmforge_dataprep_documents", "Documents per stage and outcome (in, kept, dropped)",
+                                 ["stage", "outcome"], registry=self.registry)
+        self.dropped = Counter("lmforge_dataprep_dropped_documents", "Documents dropped per stage and reason",
+                               ["stage", "reason"], registry=self.registry)
+        self.bytes = Counter("lmforge_dataprep_bytes", "Text bytes entering each stage", ["stage"],
+                             registry=self.registry)
+        self.failures = Counter("lmforge_dataprep_worker_failures", "Inputs or tasks that failed",
+                                ["phase"], registry=self.registry)
+
+    def record(self, steps: list[StepStats]) -> None:
+        for step in steps:
+            self.documents.labels(step.name, "in").inc(step.docs_in)
+            self.documents.labels(step.name, "kept").inc(step.docs_out)
+            self.documents.labels(step.name, "dropped").inc(step.docs_dropped)
+            self.bytes.labels(step.name).inc(step.bytes_in)
+            for reason, count in step.dropped.items():
+                self.dropped.labels(step.name, reason).inc(count)
+
+    def push(self, gateway: str, worker: str) -> None:
+        push_to_gateway(gateway, job="lmforge-dataprep", grouping_key={"worker": worker}, registry=self.registry)

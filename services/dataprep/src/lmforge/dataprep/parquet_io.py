@@ -1,0 +1,92 @@
+"""Streaming Parquet writes into a Store: rows are buffered in small groups so memory
+stays bounded, and the file appears atomically when the writer closes cleanly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lmforge.common.storage import Store
+
+DOC_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.uint64()),
+        ("url", pa.string()),
+        ("text", pa.string()),
+        ("content_sha256", pa.string()),
+        ("language", pa.string()),
+        ("language_score", pa.float32()),
+        ("warc_date", pa.string()),
+    ]
+)
+REJECT_SCHEMA = pa.schema([("url", pa.string()), ("stage", pa.string()), ("reason", pa.string()),
+                           ("doc_id", pa.uint64()), ("text_preview", pa.string())])
+LINEAGE_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("url", pa.string()),
+        ("content_sha256", pa.string()),
+        ("shard", pa.string()),
+        ("token_offset", pa.uint64()),
+        ("token_count", pa.uint64()),
+    ]
+)
+
+
+class ParquetRowWriter:
+    def __init__(self, store: Store, rel: str, schema: pa.Schema, row_group_rows: int = 2000):
+        self.schema = schema
+        self.row_group_rows = row_group_rows
+        self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self._pending = 0
+        self.rows = 0
+        self._ctx = store.open_write(rel)
+        self._fh = self._ctx.__enter__()
+        self._writer = pq.ParquetWriter(self._fh, schema, compression="zstd")
+
+    def add(self, row: dict[str, Any]) -> None:
+        for name, values in self._columns.items():
+            values.append(row[name])
+        self._pending += 1
+        self.rows += 1
+        if self._pending >= self.row_group_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.table(self._columns, schema=self.schema))
+            self._columns = {name: [] for name in self.schema.names}
+            self._pending = 0
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+        self._ctx.__exit__(None, None, None)
+
+    def abort(self, exc: BaseException) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self._ctx.__exit__(type(exc), exc, exc.__traceback__)
+
+    def __enter__(self) -> ParquetRowWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self.abort(exc)
+
+
+def iter_batches(store: Store, rel: str, columns: list[str] | None = None, batch_rows: int = 2000
+                 ) -> Iterator[pa.RecordBatch]:
+    parquet = pq.ParquetFile(store.local_path(rel))
+    yield from parquet.iter_batches(batch_size=batch_rows, columns=columns)
+
+
+def read_table(store: Store, rel: str, columns: list[str] | None = None) -> pa.Table:
+    return pq.read_table(store.local_path(rel), columns=columns)

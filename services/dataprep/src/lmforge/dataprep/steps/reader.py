@@ -1,0 +1,268 @@
+"""Read WET records with warcio, surviving bad input.
+
+Bad input is counted per kind in the `read` step's counters (`bad_input:<kind>`) and the
+rest of the file is still processed:
+- `unreadable`: the input cannot be opened (after retries) or the stream breaks;
+- `empty_file`: no bytes, or no records at all;
+- `truncated_gzip` / `truncated_record`: the body is shorter than its Content-Length;
+- `bad_content_length`: a record not followed by the blank lines its Content-Length
+  promises (warcio then loses sync); the record is dropped and, on seekable inputs, reading
+  resumes at the next record (`WARC/1.` line, or gzip member for .gz);
+- `corrupt_gzip`: undecodable compressed data; resync as above;
+- `non_utf8`: a body that is not UTF-8 (dropped, never replaced with U+FFFD).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from warcio.archiveiterator import ArchiveIterator
+from warcio.exceptions import ArchiveLoadFailed
+
+from lmforge.common.errors import InputError
+from lmforge.common.storage import open_input
+from lmforge.dataprep.config import ReaderConfig
+from lmforge.dataprep.document import Document, make_doc_id
+from lmforge.dataprep.pipeline import PipelineStep
+
+GZIP_MAGIC = b"\x1f\x8b\x08"
+WARC_LINE = b"WARC/1."
+SCAN_CHUNK = 1 << 20
+
+
+class _QuietArchiveIterator(ArchiveIterator):
+    # warcio writes a warning to stderr for a record not followed by blank lines; we count
+    # the same event through err_count instead.
+    INC_RECORD = ""
+    # warcio ends silently on a gzip member cut short; remember whether the last one ended.
+    truncated_member = False
+
+    def close(self):
+        decompressor = self.reader.decompressor if self.reader else None
+        if decompressor is not None and not decompressor.eof:
+            self.truncated_member = True
+        super().close()
+
+
+@dataclass(slots=True)
+class _Record:
+    index: int
+    start: int
+    url: str
+    body: bytes
+    content_length: int
+    headers: dict[str, str]
+    followed: bool = False  # another record was parsed after this one
+
+
+class WetReader(PipelineStep):
+    """Source step: yields one Document per WET `conversion` record of one input."""
+
+    name = "read"
+
+    def __init__(self, config: ReaderConfig | None = None):
+        super().__init__()
+        self.config = config or ReaderConfig()
+
+    def run(self, docs=None, rank: int = 0, world_size: int = 1) -> Iterator[Document]:
+        raise TypeError("WetReader is a source: use read(uri, input_index)")
+
+    def count_bad(self, kind: str, n: int = 1) -> None:
+        self.stats.counters[f"bad_input:{kind}"] += n
+
+    def read(self, uri: str, input_index: int) -> Iterator[Document]:
+        """Yield the documents of one input; time spent downstream is not counted here."""
+        stats = self.stats
+        start = time.perf_counter()
+        stats.counters["input_files"] += 1
+        fh = self._open(uri)
+        if fh is None:
+            stats.seconds += time.perf_counter() - start
+            return
+        gz = uri.endswith(".gz")
+        try:
+            for record in self._records(fh, gz):
+                body_len = len(record.body)
+                stats.docs_in += 1
+                stats.bytes_in += body_len
+                doc = Document(make_doc_id(input_index, record.index), record.url, "", {})
+                if body_len < record.content_length:
+                    # Short with records after it: its Content-Length is wrong; at the end: cut off.
+                    kind = "bad_content_length" if record.followed else ("truncated_gzip" if gz else "truncated_record")
+                    self.count_bad(kind)
+                    self.drop(doc, "bad_content_length" if record.followed else "truncated")
+                    continue
+                try:
+                    text = record.body.decode("utf-8")
+                except UnicodeDecodeError:
+                    self.count_bad("non_utf8")
+                    self.drop(doc, "non_utf8")
+                    continue
+                text = text.strip()
+                if len(text) < self.config.min_text_chars:
+                    self.drop(doc, "empty_text")
+                    continue
+                doc.text = text
+                doc.metadata["warc_date"] = record.headers.get("WARC-Date", "")
+                doc.metadata["warc_record_id"] = record.headers.get("WARC-Record-ID", "")
+                stats.docs_out += 1
+                stats.bytes_out += doc.nbytes
+                stats.seconds += time.perf_counter() - start
+                yield doc
+                start = time.perf_counter()
+        finally:
+            stats.counters["input_bytes"] += getattr(fh, "_lmforge_bytes_read", 0)
+            fh.close()
+            stats.seconds += time.perf_counter() - start
+
+    def _open(self, uri: str) -> BinaryIO | None:
+        last_error: Exception | None = None
+        for attempt in range(self.config.open_retries):
+            try:
+                return _CountingReader(open_input(uri))
+            except InputError as exc:
+                last_error = exc
+                if "://" not in uri:  # a local file will not appear by retrying
+                    break
+                time.sleep(min(2.0**attempt * 0.2, 5.0))
+        self.count_bad("unreadable")
+        self.stats.counters["unreadable_inputs"] += 1
+        self.last_error = str(last_error)
+        return None
+
+    def _records(self, fh: _CountingReader, gz: bool) -> Iterator[_Record]:
+        """Conversion records in order; drops a record whose length turned out wrong."""
+        index = 0
+        position = 0
+        saw_any = False
+        seekable = fh.seekable()
+        while True:
+            iterator = _QuietArchiveIterator(fh)
+            pending: _Record | None = None
+            errors_at_pending = 0
+            failure: str | None = None
+            try:
+                for record in iterator:
+                    saw_any = True
+                    if pending is not None:
+                        pending.followed = True
+                        if iterator.err_count > errors_at_pending:
+                            self.count_bad("bad_content_length")
+                            self.drop(Document(0, pending.url, ""), "bad_content_length")
+                        else:
+                            yield pending
+                        pending = None
+                    if record.rec_type != "conversion":
+                        continue
+                    start = iterator.offset
+                    pending = _Record(
+                        index=index,
+                        start=start,
+                        url=record.rec_headers.get_header("WARC-Target-URI") or "",
+                        body=record.content_stream().read(),
+                        content_length=int(record.rec_headers.get_header("Content-Length") or 0),
+                        headers=dict(record.rec_headers.headers),
+                    )
+                    index += 1
+                    errors_at_pending = iterator.err_count
+            except ArchiveLoadFailed:
+                failure = "bad_content_length" if pending is not None else "corrupt_record"
+            except (zlib.error, EOFError):
+                failure = "corrupt_gzip" if gz else "bad_content_length"
+            except OSError:
+                failure = "unreadable"
+            if failure is None:
+                if pending is not None and iterator.truncated_member:
+                    self.drop(Document(0, pending.url, ""), "truncated")
+                    pending = None
+                if pending is not None:
+                    if iterator.err_count > errors_at_pending:
+                        self.count_bad("bad_content_length")
+                        self.drop(Document(0, pending.url, ""), "bad_content_length")
+                    else:
+                        yield pending
+                if not saw_any and fh.bytes_read == 0:
+                    self.count_bad("empty_file")
+                elif iterator.truncated_member:
+                    self.count_bad("truncated_gzip")
+                elif not saw_any:
+                    self.count_bad("empty_file")
+                return
+            # The record before the failure is suspect: its length made the parser lose sync.
+            if pending is not None:
+                self.drop(Document(0, pending.url, ""), failure)
+                position = pending.start
+            self.count_bad(failure)
+            if not seekable or failure == "unreadable":
+                return
+            resume_at = _find_next_record(fh, position + 1, gz)
+            if resume_at is None:
+                return
+            position = resume_at
+            fh.seek(resume_at)
+
+
+def _find_next_record(fh: BinaryIO, start: int, gz: bool) -> int | None:
+    """Offset of the next gzip member (gz) or `WARC/1.` line (plain) at or after `start`."""
+    needle = GZIP_MAGIC if gz else b"\n" + WARC_LINE
+    fh.seek(start)
+    offset = start
+    carry = b""
+    while True:
+        chunk = fh.read(SCAN_CHUNK)
+        if not chunk:
+            return None
+        data = carry + chunk
+        hit = data.find(needle)
+        if hit >= 0:
+            found = offset - len(carry) + hit
+            return found if gz else found + 1
+        carry = data[-(len(needle) - 1) :]
+        offset += len(chunk)
+
+
+class _CountingReader:
+    """Wraps a binary stream, counting bytes read (for MB/s figures) and exposing seek
+    only when the underlying stream supports it."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._position = 0
+        self._lmforge_bytes_read = 0  # high-water mark: bytes of the input covered
+
+    @property
+    def bytes_read(self) -> int:
+        return self._lmforge_bytes_read
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size) if size is not None and size >= 0 else self._raw.read()
+        self._position += len(data)
+        self._lmforge_bytes_read = max(self._lmforge_bytes_read, self._position)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seekable(self) -> bool:
+        try:
+            return bool(self._raw.seekable())
+        except AttributeError:
+            return False
+
+    def tell(self) -> int:
+        if not self.seekable():
+            raise OSError("not seekable")
+        return self._raw.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._position = self._raw.seek(offset, whence)
+        return self._position
+
+    def close(self) -> None:
+        self._raw.close()

@@ -1,0 +1,176 @@
+"""The per-input stage: read → URL/exact dedup → language ID → Gopher repetition →
+Gopher quality → PII → contamination → MinHash signatures.
+
+One input file is one unit of work. Its outputs (kept documents, rejects, signatures,
+stats) are written atomically and a completion marker last, so a killed run redoes at
+most the inputs that were in flight, and a rerun skips finished ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import resource
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from lmforge.common.storage import Store
+from lmforge.dataprep import layout
+from lmforge.dataprep.config import DataprepConfig
+from lmforge.dataprep.document import Document
+from lmforge.dataprep.minhash import MinHasher
+from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
+from lmforge.dataprep.pipeline import PipelineStep, chain
+from lmforge.dataprep.stats import StepStats
+from lmforge.dataprep.steps.contamination import ContaminationFilter
+from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter
+from lmforge.dataprep.steps.langid import LanguageFilter
+from lmforge.dataprep.steps.pii import PIIScrubber
+from lmforge.dataprep.steps.quality import GopherQualityFilter, GopherRepetitionFilter
+from lmforge.dataprep.steps.reader import WetReader
+
+BAD_INPUT_PREFIX = "bad_input:"
+
+
+class MinHashStep(PipelineStep):
+    """Computes each kept document's signature and LSH band keys (documents pass through)."""
+
+    name = "minhash"
+
+    def __init__(self, hasher: MinHasher):
+        super().__init__()
+        self.hasher = hasher
+        self.doc_ids: list[int] = []
+        self.signatures: list[np.ndarray] = []
+        self.keys: list[np.ndarray] = []
+
+    def run(self, docs, rank: int = 0, world_size: int = 1):
+        stats = self.stats
+        for doc in docs:
+            nbytes = doc.nbytes
+            stats.docs_in += 1
+            stats.bytes_in += nbytes
+            start = time.perf_counter()
+            signature = self.hasher.signature(doc.text)
+            keys = np.empty(self.hasher.bands + 2, dtype=np.uint64)
+            keys[: self.hasher.bands] = self.hasher.band_keys(signature)
+            keys[-2] = doc.metadata["url_key"]
+            keys[-1] = doc.metadata["content_key"]
+            self.doc_ids.append(doc.doc_id)
+            self.signatures.append(signature)
+            self.keys.append(keys)
+            stats.seconds += time.perf_counter() - start
+            stats.docs_out += 1
+            stats.bytes_out += nbytes
+            yield doc
+
+    def keys_npz_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        np.savez(
+            buffer,
+            doc_ids=np.asarray(self.doc_ids, dtype=np.uint64),
+            keys=np.asarray(self.keys, dtype=np.uint64).reshape(len(self.doc_ids), self.hasher.bands + 2),
+        )
+        return buffer.getvalue()
+
+    def signatures_npy_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        sigs = np.asarray(self.signatures, dtype=np.uint32).reshape(len(self.doc_ids), self.hasher.config.num_perm)
+        np.save(buffer, sigs)
+        return buffer.getvalue()
+
+
+def build_filter_steps(config: DataprepConfig) -> list[PipelineStep]:
+    steps: list[PipelineStep] = [UrlDedupFilter(), ExactDedupFilter()]
+    if config.langid.enabled:
+        steps.append(LanguageFilter(config.langid))
+    if config.repetition.enabled:
+        steps.append(GopherRepetitionFilter(config.repetition))
+    if config.quality.enabled:
+        steps.append(GopherQualityFilter(config.quality))
+    if config.pii.enabled:
+        steps.append(PIIScrubber(config.pii))
+    if config.contamination.eval_sets:
+        steps.append(ContaminationFilter(config.contamination))
+    return steps
+
+
+@dataclass
+class InputResult:
+    input_index: int
+    uri: str
+    seconds: float
+    peak_rss_bytes: int
+    input_bytes: int
+    docs_kept: int
+    skipped: bool = False
+
+
+class _RejectRecorder:
+    def __init__(self, writer: ParquetRowWriter, preview_chars: int):
+        self.writer = writer
+        self.preview_chars = preview_chars
+
+    def __call__(self, doc: Document, stage: str, reason: str) -> None:
+        self.writer.add({"url": doc.url, "stage": stage, "reason": reason, "doc_id": doc.doc_id,
+                         "text_preview": doc.text[: self.preview_chars]})
+
+
+def process_input(store: Store, config: DataprepConfig, uri: str, input_index: int,
+                  hasher: MinHasher | None = None) -> InputResult:
+    """Run the per-input stage for one input; skip it if it already completed."""
+    if store.exists(layout.input_done(input_index)):
+        stats = json.loads(store.read_text(layout.input_stats(input_index)))
+        return InputResult(input_index, uri, 0.0, 0, stats["input_bytes"], stats["docs_kept"], skipped=True)
+    started = time.perf_counter()
+    reader = WetReader(config.reader)
+    steps = build_filter_steps(config)
+    minhash_step = MinHashStep(hasher or MinHasher(config.minhash))
+    all_steps: list[PipelineStep] = [reader, *steps, minhash_step]
+    group = config.parquet_row_group_docs
+    with ParquetRowWriter(store, layout.filter_rejects(input_index), REJECT_SCHEMA, group) as rejects, \
+         ParquetRowWriter(store, layout.docs(input_index), DOC_SCHEMA, group) as kept:
+        recorder = _RejectRecorder(rejects, config.reject_preview_chars)
+        for step in all_steps:
+            step.reject_sink = recorder
+        for doc in chain([*steps, minhash_step], reader.read(uri, input_index)):
+            kept.add({
+                "doc_id": doc.doc_id,
+                "url": doc.url,
+                "text": doc.text,
+                "content_sha256": hashlib.sha256(doc.text.encode("utf-8")).hexdigest(),
+                "language": doc.metadata.get("language", ""),
+                "language_score": doc.metadata.get("language_score", 0.0),
+                "warc_date": doc.metadata.get("warc_date", ""),
+            })
+    store.write_bytes(layout.signatures(input_index), minhash_step.signatures_npy_bytes())
+    store.write_bytes(layout.minhash(input_index), minhash_step.keys_npz_bytes())
+    seconds = time.perf_counter() - started
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    input_bytes = int(reader.stats.counters.get("input_bytes", 0))
+    summary = {
+        "input": uri,
+        "input_index": input_index,
+        "input_bytes": input_bytes,
+        "docs_kept": kept.rows,
+        "seconds": round(seconds, 4),
+        "peak_rss_bytes": peak_rss,
+        "error": getattr(reader, "last_error", None),
+        "steps": [step.stats.to_dict() for step in all_steps],
+    }
+    store.write_text(layout.input_stats(input_index), json.dumps(summary, indent=1))
+    store.write_text(layout.input_done(input_index), "")
+    return InputResult(input_index, uri, seconds, peak_rss, input_bytes, kept.rows)
+
+
+def load_input_stats(store: Store, n_inputs: int) -> list[dict]:
+    return [json.loads(store.read_text(layout.input_stats(i))) for i in range(n_inputs)]
+
+
+def merged_step_stats(summaries: list[dict]) -> list[StepStats]:
+    from lmforge.dataprep.stats import merge_stats
+
+    return merge_stats([s["steps"] for s in summaries])

@@ -1,0 +1,58 @@
+import pytest
+
+from lmforge.common.errors import InputError
+from lmforge.common.storage import LocalStore, S3Store, atomic_open, expand_inputs, open_input, open_store
+
+
+def test_local_store_atomic_write(tmp_path):
+    store = LocalStore(tmp_path)
+    store.write_text("a/b.txt", "one")
+    with pytest.raises(RuntimeError):
+        with store.open_write("a/b.txt") as fh:
+            fh.write(b"partial")
+            raise RuntimeError("killed mid-write")
+    assert store.read_text("a/b.txt") == "one"
+    assert store.list("a") == ["a/b.txt"]
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_atomic_open_creates_parents(tmp_path):
+    with atomic_open(tmp_path / "x" / "y.bin") as fh:
+        fh.write(b"data")
+    assert (tmp_path / "x" / "y.bin").read_bytes() == b"data"
+
+
+def test_expand_local_globs(tmp_path):
+    for name in ("b.wet.gz", "a.wet.gz", "c.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert expand_inputs([str(tmp_path / "*.wet.gz")]) == [str(tmp_path / "a.wet.gz"), str(tmp_path / "b.wet.gz")]
+    with pytest.raises(InputError, match="matched no files"):
+        expand_inputs([str(tmp_path / "*.warc")])
+
+
+def test_open_missing_local_input():
+    with pytest.raises(InputError, match="cannot open input"):
+        open_input("/nonexistent/file.wet")
+
+
+def test_s3_store_and_inputs(s3):
+    endpoint, make_bucket = s3
+    client = make_bucket("lmf-store")
+    client.put_object(Bucket="lmf-store", Key="raw/one.wet", Body=b"hello")
+    client.put_object(Bucket="lmf-store", Key="raw/two.wet", Body=b"world")
+    assert expand_inputs(["s3://lmf-store/raw/*.wet"]) == ["s3://lmf-store/raw/one.wet", "s3://lmf-store/raw/two.wet"]
+    with open_input("s3://lmf-store/raw/two.wet") as fh:
+        assert fh.read() == b"world"
+    with pytest.raises(InputError):
+        open_input("s3://lmf-store/raw/missing.wet")
+
+    store = open_store("s3://lmf-store/out/run1")
+    assert isinstance(store, S3Store)
+    store.write_text("work/a.json", "{}")
+    with pytest.raises(RuntimeError):
+        with store.open_write("work/b.json") as fh:
+            fh.write(b"half")
+            raise RuntimeError("killed")
+    assert store.exists("work/a.json") and not store.exists("work/b.json")
+    assert store.list("work") == ["work/a.json"]
+    assert store.local_path("work/a.json").read_text() == "{}"
