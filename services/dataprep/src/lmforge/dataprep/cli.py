@@ -101,7 +101,10 @@ def _processes(args) -> int:
 
 
 def _open(args, with_inputs: bool) -> runner.Run:
-    config = load_dataprep_config(args.config, args.overrides)
+    """Workers load the config (file, env, --set); global stages reuse the one the
+    workers recorded unless a config is given explicitly."""
+    explicit = with_inputs or args.config or args.overrides
+    config = load_dataprep_config(args.config, args.overrides) if explicit else None
     return runner.open_run(args.output, config, args.input if with_inputs else None, _processes(args))
 
 

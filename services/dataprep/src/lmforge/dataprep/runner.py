@@ -78,11 +78,15 @@ def _write_or_check(store: Store, rel: str, payload, what: str) -> None:
     store.write_text(rel, text)
 
 
-def open_run(output: str, config: DataprepConfig, input_patterns: list[str] | None, processes: int = 1) -> Run:
-    """Start or resume a run. With inputs, record them (and the config); without, reuse
-    the recorded ones (global stages run from the output directory alone)."""
+def open_run(output: str, config: DataprepConfig | None, input_patterns: list[str] | None,
+             processes: int = 1) -> Run:
+    """Start or resume a run. With inputs, record them and the config (or check them
+    against what is recorded). Without, the global stages run from the output directory
+    alone, with the recorded config; a config given explicitly must match it."""
     store = open_store(output)
     if input_patterns:
+        if config is None:
+            raise ConfigError("a run that reads inputs needs a config")
         inputs = expand_inputs(input_patterns)
         _write_or_check(store, layout.INPUTS, inputs, "input list")
         _write_or_check(store, layout.CONFIG, dump_config(config), "config")
@@ -91,10 +95,9 @@ def open_run(output: str, config: DataprepConfig, input_patterns: list[str] | No
         if not store.exists(layout.INPUTS):
             raise InputError(f"{store.join(layout.INPUTS)} not found: run the per-input stage (with --input) first")
         inputs = json.loads(store.read_text(layout.INPUTS))
-        recorded = DataprepConfig.model_validate(json.loads(store.read_text(layout.CONFIG)))
-        if config.model_dump() != DataprepConfig().model_dump() and config.model_dump() != recorded.model_dump():
-            raise ConfigError(f"the given config differs from the one recorded in {store.join(layout.CONFIG)}")
-        config = recorded
+        if config is not None:
+            _write_or_check(store, layout.CONFIG, dump_config(config), "config")
+        config = DataprepConfig.model_validate(json.loads(store.read_text(layout.CONFIG)))
     return Run(store, config, inputs, processes=max(1, processes))
 
 

@@ -25,11 +25,7 @@ from lmforge.dataprep.minhash import MinHasher
 from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
 from lmforge.dataprep.pipeline import PipelineStep, chain
 from lmforge.dataprep.stats import StepStats
-from lmforge.dataprep.steps.contamination import ContaminationFilter
 from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter
-from lmforge.dataprep.steps.langid import LanguageFilter
-from lmforge.dataprep.steps.pii import PIIScrubber
-from lmforge.dataprep.steps.quality import GopherQualityFilter, GopherRepetitionFilter
 from lmforge.dataprep.steps.reader import WetReader
 
 BAD_INPUT_PREFIX = "bad_input:"
@@ -84,16 +80,26 @@ class MinHashStep(PipelineStep):
 
 
 def build_filter_steps(config: DataprepConfig) -> list[PipelineStep]:
+    """The filter/transform steps the config enables, in pipeline order."""
     steps: list[PipelineStep] = [UrlDedupFilter(), ExactDedupFilter()]
     if config.langid.enabled:
+        from lmforge.dataprep.steps.langid import LanguageFilter
+
         steps.append(LanguageFilter(config.langid))
-    if config.repetition.enabled:
-        steps.append(GopherRepetitionFilter(config.repetition))
-    if config.quality.enabled:
-        steps.append(GopherQualityFilter(config.quality))
+    if config.repetition.enabled or config.quality.enabled:
+        from lmforge.dataprep.steps.quality import GopherQualityFilter, GopherRepetitionFilter
+
+        if config.repetition.enabled:
+            steps.append(GopherRepetitionFilter(config.repetition))
+        if config.quality.enabled:
+            steps.append(GopherQualityFilter(config.quality))
     if config.pii.enabled:
+        from lmforge.dataprep.steps.pii import PIIScrubber
+
         steps.append(PIIScrubber(config.pii))
     if config.contamination.eval_sets:
+        from lmforge.dataprep.steps.contamination import ContaminationFilter
+
         steps.append(ContaminationFilter(config.contamination))
     return steps
 
