@@ -7,10 +7,9 @@ from lmforge.common.storage import LocalStore, S3Store, atomic_open, expand_inpu
 def test_local_store_atomic_write(tmp_path):
     store = LocalStore(tmp_path)
     store.write_text("a/b.txt", "one")
-    with pytest.raises(RuntimeError):
-        with store.open_write("a/b.txt") as fh:
-            fh.write(b"partial")
-            raise RuntimeError("killed mid-write")
+    with pytest.raises(RuntimeError), store.open_write("a/b.txt") as fh:
+        fh.write(b"partial")
+        raise RuntimeError("killed mid-write")
     assert store.read_text("a/b.txt") == "one"
     assert store.list("a") == ["a/b.txt"]
     assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".tmp")]
@@ -49,10 +48,9 @@ def test_s3_store_and_inputs(s3):
     store = open_store("s3://lmf-store/out/run1")
     assert isinstance(store, S3Store)
     store.write_text("work/a.json", "{}")
-    with pytest.raises(RuntimeError):
-        with store.open_write("work/b.json") as fh:
-            fh.write(b"half")
-            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError), store.open_write("work/b.json") as fh:
+        fh.write(b"half")
+        raise RuntimeError("killed")
     assert store.exists("work/a.json") and not store.exists("work/b.json")
     assert store.list("work") == ["work/a.json"]
     assert store.local_path("work/a.json").read_text() == "{}"

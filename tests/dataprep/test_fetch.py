@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
 from lmforge.common.errors import InputError
 from lmforge.common.logging import JsonLineFormatter
 from lmforge.dataprep import fetch

@@ -5,8 +5,8 @@ import pytest
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.config import LangIdConfig
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.steps.reader import WetReader
 from lmforge.dataprep.steps.langid import LanguageFilter
+from lmforge.dataprep.steps.reader import WetReader
 
 # Real sentences, written by people (opening lines of public-domain works and common prose).
 REAL_TEXT = {

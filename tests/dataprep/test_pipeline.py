@@ -36,13 +36,37 @@ def corpus(tmp_path_factory):
     return summary, inputs, doc_ids
 
 
+def _texts_by_url(path) -> dict[str, str]:
+    from warcio.archiveiterator import ArchiveIterator
+
+    with open(path, "rb") as fh:
+        return {r.rec_headers.get_header("WARC-Target-URI"): r.content_stream().read().decode()
+                for r in ArchiveIterator(fh) if r.rec_type == "conversion"}
+
+
 @pytest.fixture(scope="module")
-def two_worker_run(corpus, tmp_path_factory):
+def eval_set(corpus, tmp_path_factory):
+    """An eval set quoting 40 words from the middle of three planted prose documents."""
+    summary, _, _ = corpus
+    texts = _texts_by_url(summary.path)
+    prose = [r["url"] for r in summary.records if r["kind"] == "prose"][:3]
+    path = tmp_path_factory.mktemp("evals") / "trivia.jsonl"
+    lines = []
+    for url in prose:
+        words = texts[url].split()
+        lines.append(json.dumps({"text": " ".join(words[60:100])}))
+    path.write_text("\n".join(lines) + "\n")
+    return path, prose
+
+
+@pytest.fixture(scope="module")
+def two_worker_run(corpus, eval_set, tmp_path_factory):
     _, inputs, _ = corpus
     out = tmp_path_factory.mktemp("run") / "out"
+    contamination = ["--set", f"contamination.eval_sets=[{eval_set[0]}]"]
     for index in (1, 0):  # order must not matter
         assert run_cli("run", "--input", *inputs, "--output", out, "--worker-index", index,
-                       "--num-workers", 2, "--workers", 1, *SMALL) == 0
+                       "--num-workers", 2, "--workers", 1, *SMALL, *contamination) == 0
     assert not (out / "manifest.json").exists()  # workers only do the per-input stage
     assert run_cli("finalize", "--output", out, "--workers", 1) == 0
     return out
@@ -149,8 +173,8 @@ def test_lineage_covers_every_token(two_worker_run):
 def test_report_counts_add_up(two_worker_run):
     report = json.loads((two_worker_run / "report.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    order = ["read", "url_dedup", "exact_dedup", "langid", "gopher_repetition", "gopher_quality", "pii", "minhash",
-             "global_dedup", "tokenize"]
+    order = ["read", "url_dedup", "exact_dedup", "langid", "gopher_repetition", "gopher_quality", "pii",
+             "contamination", "minhash", "global_dedup", "tokenize"]
     assert [s["name"] for s in report["stages"]][: len(order)] == order
     for before, after in zip(order, order[1:]):
         assert stages[before]["docs_out"] == stages[after]["docs_in"], (before, after)
@@ -169,3 +193,17 @@ def test_sample_command_prints_kept_and_dropped(two_worker_run, capsys):
     printed = capsys.readouterr().out
     assert printed.count("KEPT ") == 10 and printed.count("DROPPED ") == 10
     assert "langid/language_not_kept" in printed or "gopher" in printed
+
+
+def test_contaminated_documents_are_dropped(two_worker_run, eval_set):
+    _, contaminated_urls = eval_set
+    out = two_worker_run
+    rejected = {}
+    for path in (out / "rejects").glob("*.parquet"):
+        for row in pq.read_table(path, columns=["url", "stage", "reason"]).to_pylist():
+            rejected[row["url"]] = (row["stage"], row["reason"])
+    assert all(rejected.get(url) == ("contamination", "contaminated") for url in contaminated_urls)
+    lineage_urls = {row["url"] for row in lineage_rows(out)}
+    assert not set(contaminated_urls) & lineage_urls
+    report = json.loads((out / "report.json").read_text())
+    assert report["contamination"] == {"eval:trivia": 3}

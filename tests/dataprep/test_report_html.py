@@ -6,6 +6,7 @@ import re
 from html.parser import HTMLParser
 
 import pytest
+
 from lmforge.dataprep.report_html import fmt_bytes, fmt_si, render_report_html
 
 STAGE_NAMES = [

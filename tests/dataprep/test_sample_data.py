@@ -10,6 +10,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from warcio.archiveiterator import ArchiveIterator
+
 from lmforge.dataprep.sample_data import (
     FOREIGN_LANGUAGES,
     KINDS,
@@ -19,7 +21,6 @@ from lmforge.dataprep.sample_data import (
     luhn_valid,
     write_sample_wet,
 )
-from warcio.archiveiterator import ArchiveIterator
 
 DOCS = 400
 SEED = 11

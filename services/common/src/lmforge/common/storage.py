@@ -118,8 +118,8 @@ def open_input(uri: str) -> BinaryIO:
     scheme = scheme_of(uri)
     try:
         if scheme in {"http", "https"}:
-            request = urllib.request.Request(uri, headers={"User-Agent": "lmforge-dataprep/0.1"})
-            return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - scheme checked
+            request = urllib.request.Request(uri, headers={"User-Agent": "lmforge/0.1"})  # noqa: S310
+            return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - http(s) only here
         if scheme == "s3":
             loc = S3Location.parse(uri)
             body = s3_client(loc.bucket).get_object(Bucket=loc.bucket, Key=loc.key)["Body"]

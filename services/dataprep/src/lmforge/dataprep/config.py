@@ -79,6 +79,9 @@ class ContaminationConfig(StrictModel):
     eval_sets: list[str] = Field(default_factory=list, description="JSONL files with a 'text' field per line")
     ngram: int = Field(13, ge=1)
     text_field: str = "text"
+    min_eval_words: int = Field(
+        8, ge=1, description="eval texts with fewer words are ignored: a one-word answer would match everything"
+    )
 
 
 class MinHashConfig(StrictModel):
@@ -106,7 +109,7 @@ class TokenizerConfig(StrictModel):
     vocab_size: int = Field(8192, ge=260, le=1 << 20)
     min_frequency: int = Field(2, ge=1)
     sample_bytes: int = Field(64 << 20, ge=1, description="bytes of cleaned text to train on")
-    eot_token: str = "<|endoftext|>"
+    eot_token: str = "<|endoftext|>"  # noqa: S105 - a token of text, not a secret
     batch_docs: int = Field(256, ge=1, description="documents per encode_batch call")
 
 

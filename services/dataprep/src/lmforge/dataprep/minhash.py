@@ -22,6 +22,7 @@ SIGNATURE_DTYPE = np.uint32  # datasketch's default "affine32" scheme
 # Candidate pairs are verified against full signatures, so false positives only cost a
 # comparison; weigh false negatives heavily when datasketch picks bands x rows.
 LSH_WEIGHTS = (0.05, 0.95)
+WORD_CACHE_LIMIT = 500_000  # distinct words whose hashes are remembered (≈ 50 MB)
 
 
 def lsh_params(config: MinHashConfig) -> tuple[int, int]:
@@ -42,13 +43,27 @@ class MinHasher:
         self.bands, self.rows = lsh_params(config)
         # Build permutations once; each per-document MinHash shares them.
         self._template = MinHash(num_perm=config.num_perm, seed=config.seed, hashfunc=_identity)
+        self._word_hashes: dict[str, int] = {}
+
+    def _hash_words(self, words: list[str]) -> np.ndarray:
+        # Words repeat across documents (Zipf), so most lookups hit the cache.
+        cache = self._word_hashes
+        try:
+            hashes = list(map(cache.__getitem__, words))
+        except KeyError:
+            if len(cache) > WORD_CACHE_LIMIT:
+                cache.clear()
+            for word in set(words).difference(cache):
+                cache[word] = zlib.crc32(word.encode("utf-8"))
+            hashes = list(map(cache.__getitem__, words))
+        return np.array(hashes, dtype=np.uint32)
 
     def shingle_hashes(self, text: str) -> np.ndarray:
         """32-bit hashes of the lowercase word n-grams (n = shingle_words)."""
         words = _WORD.findall(text.lower())
         if not words:
             return np.zeros(0, dtype=np.uint32)
-        word_hashes = np.fromiter((zlib.crc32(w.encode("utf-8")) for w in words), dtype=np.uint32, count=len(words))
+        word_hashes = self._hash_words(words)
         n = min(self.config.shingle_words, len(words))
         count = len(words) - n + 1
         shingles = word_hashes[:count].copy()

@@ -82,7 +82,8 @@ class BaseTransform(PipelineStep):
             yield doc
 
 
-def chain(steps: list[PipelineStep], docs: Iterable[Document], rank: int = 0, world_size: int = 1) -> Iterator[Document]:
+def chain(steps: list[PipelineStep], docs: Iterable[Document], rank: int = 0,
+          world_size: int = 1) -> Iterator[Document]:
     """Compose steps lazily: each document flows through all of them before the next is read."""
     stream: Iterable[Document] = docs
     for step in steps:

@@ -101,6 +101,7 @@ def build_report(run: Run, wall_seconds: float | None = None) -> dict:
             "tokens_per_input_byte": round(totals["tokens"] / input_bytes, 6) if input_bytes else 0.0,
             "wall_seconds": round(wall_seconds, 3) if wall_seconds is not None else None,
             "vocab_size": tokenizer["vocab_size"],
+            "tokenizer_seconds": tokenizer["seconds"],
         },
         "workers": [{"input": s["input"], "seconds": s["seconds"], "peak_rss_bytes": s["peak_rss_bytes"],
                      "error": s.get("error")} for s in input_summaries],

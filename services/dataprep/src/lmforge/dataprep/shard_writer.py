@@ -47,7 +47,9 @@ def _load_doc_table(store: Store, n_inputs: int) -> _DocTable:
         ids.append(table.column("doc_id").to_numpy())
         urls.extend(table.column("url").to_pylist())
         hashes.extend(table.column("content_sha256").to_pylist())
-    cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
+    def cat(parts, dtype):
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
     return _DocTable(cat(inputs, np.int64), cat(starts, np.int64), cat(counts, np.int64),
                      cat(ids, np.uint64), urls, hashes)
 

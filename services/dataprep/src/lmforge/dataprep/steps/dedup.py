@@ -14,7 +14,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseFilter
 
-_WHITESPACE = re.compile(r"\s+")
 _TRACKING_PARAM = re.compile(r"^(utm_\w+|fbclid|gclid|mc_cid|mc_eid)$", re.IGNORECASE)
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 
@@ -48,7 +47,8 @@ def _port_ok(parts) -> bool:
 
 
 def normalize_text(text: str) -> str:
-    return _WHITESPACE.sub(" ", text).strip().lower()
+    """Lowercase, whitespace runs collapsed to one space (str.split is ~4x a regex here)."""
+    return " ".join(text.lower().split())
 
 
 def url_key(url: str) -> int:

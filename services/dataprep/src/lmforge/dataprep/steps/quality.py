@@ -1,0 +1,262 @@
+"""Gopher quality and repetition filters (Rae et al. 2021, Appendix A, Table A1).
+
+Both run on every document of a crawl, so each splits the text into words once (on
+whitespace), works on whole-text C-level operations (str.count, compiled regexes, set and
+Counter construction) rather than per-character Python loops, and checks the cheap rules first.
+
+Words are whitespace-separated tokens, punctuation attached ("end." is one word).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from itertools import compress, islice
+
+from lmforge.common.errors import ConfigError
+from lmforge.dataprep.config import GopherQualityConfig, GopherRepetitionConfig
+from lmforge.dataprep.document import Document
+from lmforge.dataprep.pipeline import BaseFilter
+
+# a whitespace-delimited token without a letter ("2024", "-", "|", "$5"), in text padded with spaces
+_NON_ALPHA_TOKEN = re.compile(r"\s((?:[^\w\s]|[\d_])+)(?=\s)")
+_WORD_CHAR = re.compile(r"\w")
+_BULLETS = ("•", "‣", "○", "◦", "●", "▪", "■", "□", "►", "▶", "➢", "➤", "⁃", "∙", "·", "-", "–", "—", "*")
+_ELLIPSES = ("...", "…")
+_WORD_EDGE_CHARS = string.punctuation + "“”‘’«»„…–—"
+_BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n\s*")
+# _AT_LEAST[c] maps a byte to 1 when it is >= c, else 0 (for bytes.translate)
+_AT_LEAST = [bytes(int(value >= threshold) for value in range(256)) for threshold in range(256)]
+
+
+class GopherQualityFilter(BaseFilter):
+    """Drops documents that do not look like natural-language prose.
+
+    Rules, in the order checked (the first failure is the reason):
+    - `too_few_words` / `too_many_words`: words outside [min_doc_words, max_doc_words];
+      tokens made only of symbols ("-", "•", "|") are not words;
+    - `avg_word_length_too_short` / `_too_long`: mean word length outside the range;
+    - `too_many_symbols`: '#' per word, or ellipses ("..." and "…") per word, above
+      max_symbol_word_ratio (the paper applies the ratio to each symbol separately);
+    - `too_many_bullet_lines`: share of non-blank lines that start with a bullet;
+    - `too_many_ellipsis_lines`: share of non-blank lines that end with an ellipsis;
+    - `too_few_alpha_words`: share of tokens holding an alphabetic character;
+    - `too_few_stop_words`: occurrences of stop words (case-insensitive, surrounding
+      punctuation ignored) below min_stop_words.
+    """
+
+    name = "gopher_quality"
+
+    def __init__(self, config: GopherQualityConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or GopherQualityConfig()
+        stop_words = {word.lower() for word in self.config.stop_words}
+        self._stop_words = frozenset(stop_words)
+        # exact tokens that certainly are stop words: matching them is a cheap lower bound on the count
+        self._stop_word_forms = frozenset(
+            form for word in stop_words for form in (word, word.capitalize(), word.upper())
+        )
+
+    def filter(self, doc: Document) -> tuple[bool, str | None]:
+        cfg = self.config
+        text = doc.text
+        tokens = text.split()
+        n_tokens = len(tokens)
+        # tokens without a letter are rare in prose: one regex pass finds them, and the
+        # symbol-only ones (no letter nor digit) are picked out of that short list
+        non_alpha_tokens = _NON_ALPHA_TOKEN.findall(f" {text} ") if n_tokens else []
+        symbol_tokens = [token for token in non_alpha_tokens if not _WORD_CHAR.search(token)]
+        n_words = n_tokens - len(symbol_tokens)
+
+        if n_words < cfg.min_doc_words or n_words == 0:
+            return False, "too_few_words"
+        if n_words > cfg.max_doc_words:
+            return False, "too_many_words"
+
+        avg_word_length = (sum(map(len, tokens)) - sum(map(len, symbol_tokens))) / n_words
+        if avg_word_length < cfg.min_avg_word_length:
+            return False, "avg_word_length_too_short"
+        if avg_word_length > cfg.max_avg_word_length:
+            return False, "avg_word_length_too_long"
+
+        n_ellipses = text.count("...") + text.count("…")
+        max_symbols = cfg.max_symbol_word_ratio * n_words
+        if text.count("#") > max_symbols or n_ellipses > max_symbols:
+            return False, "too_many_symbols"
+
+        lines = [line for line in map(str.strip, text.splitlines()) if line]
+        n_lines = len(lines)
+        if sum(1 for line in lines if line.startswith(_BULLETS)) > cfg.max_bullet_lines_ratio * n_lines:
+            return False, "too_many_bullet_lines"
+        if n_ellipses and sum(1 for line in lines if line.endswith(_ELLIPSES)) > cfg.max_ellipsis_lines_ratio * n_lines:
+            return False, "too_many_ellipsis_lines"
+
+        if n_tokens - len(non_alpha_tokens) < cfg.min_alpha_words_ratio * n_tokens:
+            return False, "too_few_alpha_words"
+
+        if not self._has_stop_words(tokens, cfg.min_stop_words):
+            return False, "too_few_stop_words"
+        return True, None
+
+    def _has_stop_words(self, tokens: list[str], need: int) -> bool:
+        if need <= 0:
+            return True
+        # the exact forms ("the", "The") settle almost every prose document within its first sentences
+        if next(islice(filter(self._stop_word_forms.__contains__, tokens), need - 1, None), None) is not None:
+            return True
+        stop_words = self._stop_words
+        return sum(1 for token in tokens if token.strip(_WORD_EDGE_CHARS).lower() in stop_words) >= need
+
+
+class GopherRepetitionFilter(BaseFilter):
+    """Drops documents with too much repeated content.
+
+    Lines are the non-blank lines, paragraphs the blocks between blank lines (both
+    stripped). A duplicate is an element equal to an earlier one; the character ratios are
+    the duplicates' characters over all lines' (paragraphs') characters. N-gram ratios are
+    over the characters of the words (whitespace excluded):
+    - `top_<n>gram_char_ratio`: occurrences x characters of the most frequent n-gram, if it
+      occurs more than once (ties: the longest);
+    - `dup_<n>gram_char_ratio`: characters of the words covered by the occurrences (all of
+      them, the first included) of n-grams that occur more than once, each word counted once
+      however many of those n-grams overlap it.
+    """
+
+    name = "gopher_repetition"
+
+    def __init__(self, config: GopherRepetitionConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or GopherRepetitionConfig()
+        self._top_ngram_limits = sorted(self.config.top_ngram_max_char_ratio.items())
+        self._dup_ngram_limits = sorted(self.config.dup_ngram_max_char_ratio.items())
+        bad = [n for n, _ in self._top_ngram_limits + self._dup_ngram_limits if n < 1]
+        if bad:
+            raise ConfigError(f"repetition n-gram sizes must be at least 1, got {bad}")
+        self._counts_single_words = any(n == 1 for n, _ in self._top_ngram_limits + self._dup_ngram_limits)
+
+    def filter(self, doc: Document) -> tuple[bool, str | None]:
+        cfg = self.config
+        text = doc.text
+        lines = [line for line in map(str.strip, text.splitlines()) if line]
+        if not lines:
+            return True, None
+        dup_lines, dup_line_chars = _duplicates(lines)
+        if dup_lines > cfg.max_dup_line_ratio * len(lines):
+            return False, "dup_line_ratio"
+        paragraphs = [paragraph for paragraph in map(str.strip, _BLANK_LINES.split(text)) if paragraph]
+        dup_paras, dup_para_chars = _duplicates(paragraphs)
+        if dup_paras > cfg.max_dup_para_ratio * len(paragraphs):
+            return False, "dup_para_ratio"
+        if dup_line_chars > cfg.max_dup_line_char_ratio * sum(map(len, lines)):
+            return False, "dup_line_char_ratio"
+        if dup_para_chars > cfg.max_dup_para_char_ratio * sum(map(len, paragraphs)):
+            return False, "dup_para_char_ratio"
+        return self._check_ngrams(text.split())
+
+    def _check_ngrams(self, words: list[str]) -> tuple[bool, str | None]:
+        if len(words) < 2:
+            return True, None
+        grams = _NgramIndex(words)
+        if not grams.any_pair_repeats and not self._counts_single_words:
+            return True, None  # no repeated pair, so no repeated n-gram of any size n >= 2
+        word_lengths = list(map(len, words))
+        total_chars = sum(word_lengths)
+
+        if self._top_ngram_limits:
+            longest_word = max(word_lengths)
+            for n, max_ratio in self._top_ngram_limits:
+                limit = max_ratio * total_chars
+                # occurrences x characters > limit needs more than limit / (n x the longest word) occurrences
+                min_count = max(2, int(limit / (n * longest_word)) + 1)
+                if grams.top_chars(n, min_count) > limit:
+                    return False, f"top_{n}gram_char_ratio"
+
+        for n, max_ratio in self._dup_ngram_limits:
+            starts = grams.repeated_starts(n)
+            if not starts:
+                break  # no n-gram repeats, so no longer one does either
+            if _covered_chars(word_lengths, starts, n) > max_ratio * total_chars:
+                return False, f"dup_{n}gram_char_ratio"
+        return True, None
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(number of items equal to an earlier item, their total characters)."""
+    unique = set(items)
+    return len(items) - len(unique), sum(map(len, items)) - sum(map(len, unique))
+
+
+class _NgramIndex:
+    """Counts of word n-grams without counting every n-gram of every size.
+
+    Every word pair inside an n-gram occurs at least as often as the n-gram, so an
+    n-gram can occur `c` times only where the n-1 pairs starting at its position each occur
+    at least `c` times. One Counter over the pairs, then per size only the few positions
+    that pass that test are turned into tuples and counted.
+    """
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+        pairs = list(zip(words, words[1:]))
+        pair_counts = Counter(pairs)
+        self.any_pair_repeats = len(pair_counts) < len(pairs)
+        self._pair_count_at = list(map(pair_counts.__getitem__, pairs))
+        # the same counts, capped at 255, one byte per position: a threshold is then one translate()
+        try:
+            self._pair_count_bytes = bytes(self._pair_count_at)
+        except ValueError:
+            self._pair_count_bytes = bytes(min(count, 255) for count in self._pair_count_at)
+
+    def candidate_starts(self, n: int, min_count: int) -> list[int] | range:
+        """Positions where an n-gram occurring at least `min_count` times may start."""
+        if n == 1:
+            return range(len(self.words))
+        n_starts = len(self._pair_count_at) - (n - 2)
+        if n_starts <= 0:
+            return []
+        if min_count <= 255:
+            flags = self._pair_count_bytes.translate(_AT_LEAST[min_count])
+        else:
+            flags = bytes(count >= min_count for count in self._pair_count_at)
+        # one byte per position in a big int: AND-ing shifted copies tests n-1 pairs at once
+        mask = int.from_bytes(flags, "little")
+        run = mask
+        for shift in range(1, n - 1):
+            run &= mask >> (8 * shift)
+        if not run:
+            return []
+        return list(compress(range(n_starts), run.to_bytes(len(flags), "little")))
+
+    def counted(self, n: int, min_count: int) -> tuple[list[int] | range, list[tuple[str, ...]], Counter]:
+        starts = self.candidate_starts(n, min_count)
+        words = self.words
+        grams = [tuple(words[i : i + n]) for i in starts]
+        return starts, grams, Counter(grams)
+
+    def top_chars(self, n: int, min_count: int) -> int:
+        """Occurrences x characters of the most frequent n-gram when it occurs at least
+        `min_count` times (ties: the longest), else 0."""
+        _, _, counts = self.counted(n, min_count)
+        if not counts:
+            return 0
+        top = max(counts.values())
+        if top < min_count:
+            return 0
+        top_grams = compress(counts.keys(), map(top.__eq__, counts.values()))
+        return top * max(sum(map(len, gram)) for gram in top_grams)
+
+    def repeated_starts(self, n: int) -> list[int]:
+        """Start positions of every occurrence of every n-gram that occurs more than once."""
+        starts, grams, counts = self.counted(n, 2)
+        if len(counts) == len(grams):
+            return []
+        return list(compress(starts, map((1).__lt__, map(counts.__getitem__, grams))))
+
+
+def _covered_chars(word_lengths: list[int], starts: list[int], n: int) -> int:
+    covered = bytearray(len(word_lengths))
+    span = b"\x01" * n
+    for start in starts:
+        covered[start : start + n] = span
+    return sum(compress(word_lengths, covered))
