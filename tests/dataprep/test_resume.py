@@ -88,3 +88,12 @@ def test_other_config_or_inputs_in_the_same_output_is_refused(inputs, reference,
     assert run_cli("run", "--input", *inputs[:2], "--output", reference, "--workers", 1, *SMALL) == 2
     assert "different input list" in capsys.readouterr().err
     assert (reference / "manifest.json").exists()
+
+
+def test_key_range_partitions_give_the_same_result(inputs, reference, tmp_path):
+    out = tmp_path / "sliced"
+    assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 1, *SMALL,
+                   "--set", "minhash.partitions_per_band=3") == 0
+    assert (out / "work" / "dedup" / "edges-0047.npy").exists()  # 16 bands x 3 slices + url + content - 1
+    ref, sliced = manifest(reference), manifest(out)
+    assert [s["sha256"] for s in sliced["shards"]] == [s["sha256"] for s in ref["shards"]]

@@ -57,7 +57,7 @@ def tokens(i: int) -> str:
 
 
 def token_index(i: int) -> str:
-    return f"work/tokens/{i:06d}.parquet"
+    return f"work/tokens/{i:06d}.arrow"
 
 
 def tokenize_stats(i: int) -> str:

@@ -1,5 +1,6 @@
-"""Streaming Parquet writes into a Store: rows are buffered in small groups so memory
-stays bounded, and the file appears atomically when the writer closes cleanly."""
+"""Streaming row writes into a Store (Parquet, or Arrow IPC for files that are later
+memory-mapped): rows are buffered in small groups so memory stays bounded, and the file
+appears atomically when the writer closes cleanly."""
 
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ LINEAGE_SCHEMA = pa.schema(
 
 class ParquetRowWriter:
     def __init__(self, store: Store, rel: str, schema: pa.Schema, row_group_rows: int = 2000):
+        self._init(store, rel, schema, row_group_rows)
+
+    def _open_writer(self, fh):
+        return pq.ParquetWriter(fh, self.schema, compression="zstd")
+
+    def _init(self, store: Store, rel: str, schema: pa.Schema, row_group_rows: int) -> None:
         self.schema = schema
         self.row_group_rows = row_group_rows
         self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
@@ -45,7 +52,7 @@ class ParquetRowWriter:
         self.rows = 0
         self._ctx = store.open_write(rel)
         self._fh = self._ctx.__enter__()
-        self._writer = pq.ParquetWriter(self._fh, schema, compression="zstd")
+        self._writer = self._open_writer(self._fh)
 
     def add(self, row: dict[str, Any]) -> None:
         for name, values in self._columns.items():
@@ -80,6 +87,18 @@ class ParquetRowWriter:
             self.close()
         else:
             self.abort(exc)
+
+
+class ArrowRowWriter(ParquetRowWriter):
+    """Uncompressed Arrow IPC: readers memory-map it and take rows without loading it."""
+
+    def _open_writer(self, fh):
+        return pa.ipc.new_file(pa.PythonFile(fh, mode="w"), self.schema)
+
+
+def open_arrow(store: Store, rel: str) -> pa.Table:
+    """A memory-mapped, zero-copy view of an Arrow IPC file."""
+    return pa.ipc.open_file(pa.memory_map(str(store.local_path(rel)))).read_all()
 
 
 def iter_batches(store: Store, rel: str, columns: list[str] | None = None, batch_rows: int = 2000

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from lmforge.common.shards import token_dtype, write_shard
 from lmforge.common.storage import LocalStore, Store
@@ -24,34 +25,45 @@ MANIFEST_VERSION = 1
 
 @dataclass
 class _DocTable:
-    """Every tokenized document: where its tokens are, in input order."""
+    """Where every tokenized document's tokens are, in input order: 24 bytes a document.
+    URLs and hashes stay in the memory-mapped per-input indexes until lineage needs them."""
 
     input_index: np.ndarray
+    row: np.ndarray
     token_start: np.ndarray
     token_count: np.ndarray
-    doc_id: np.ndarray
-    url: list[str]
-    content_sha256: list[str]
+    indexes: dict[int, pa.Table]
 
     def __len__(self) -> int:
-        return len(self.doc_id)
+        return len(self.row)
+
+    def lineage_columns(self, positions: list[int]) -> tuple[list[int], list[str], list[str]]:
+        """doc_id, url, content_sha256 of the given documents, in the given order."""
+        inputs, rows = self.input_index[positions], self.row[positions]
+        ids, urls, hashes = [0] * len(positions), [""] * len(positions), [""] * len(positions)
+        for i in np.unique(inputs).tolist():
+            where = np.flatnonzero(inputs == i)
+            taken = self.indexes[i].take(pa.array(rows[where])).select(["doc_id", "url", "content_sha256"])
+            for slot, doc_id, url, digest in zip(where.tolist(), *(c.to_pylist() for c in taken.columns)):
+                ids[slot], urls[slot], hashes[slot] = doc_id, url, digest
+        return ids, urls, hashes
 
 
 def _load_doc_table(store: Store, n_inputs: int) -> _DocTable:
-    inputs, starts, counts, ids, urls, hashes = [], [], [], [], [], []
+    inputs, rows, starts, counts, indexes = [], [], [], [], {}
     for i in range(n_inputs):
         table = read_token_index(store, i)
-        inputs.append(np.full(table.num_rows, i, dtype=np.int64))
+        indexes[i] = table
+        inputs.append(np.full(table.num_rows, i, dtype=np.int32))
+        rows.append(np.arange(table.num_rows, dtype=np.int32))
         starts.append(table.column("token_start").to_numpy())
         counts.append(table.column("token_count").to_numpy())
-        ids.append(table.column("doc_id").to_numpy())
-        urls.extend(table.column("url").to_pylist())
-        hashes.extend(table.column("content_sha256").to_pylist())
+
     def cat(parts, dtype):
         return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
-    return _DocTable(cat(inputs, np.int64), cat(starts, np.int64), cat(counts, np.int64),
-                     cat(ids, np.uint64), urls, hashes)
+    return _DocTable(cat(inputs, np.int32), cat(rows, np.int32), cat(starts, np.int64), cat(counts, np.int32),
+                     indexes)
 
 
 def split_order(n_docs: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -84,7 +96,7 @@ def write_shards(store: Store, config: DataprepConfig, n_inputs: int, tokenizer_
         "tokenizer": {k: tokenizer_info[k] for k in ("path", "sha256", "vocab_size", "eot_token", "eot_id")},
         "totals": {
             "documents": len(docs),
-            "tokens": int(docs.token_count.sum()),
+            "tokens": int(docs.token_count.sum(dtype=np.int64)),
             "train_tokens": int(sum(e["tokens"] for e in entries if e["split"] == "train")),
             "val_tokens": int(sum(e["tokens"] for e in entries if e["split"] == "val")),
         },
@@ -123,13 +135,14 @@ def _flush_shard(store, config, docs: _DocTable, token_maps, tokenizer_info, spl
     tokens = np.empty(int(ends[-1]), dtype=token_dtype(tokenizer_info["vocab_size"]))
     cursor = 0
     rel = layout.shard(split, shard_index)
+    doc_ids, urls, hashes = docs.lineage_columns(batch)
     with ParquetRowWriter(store, layout.lineage(split, shard_index), LINEAGE_SCHEMA,
                           config.parquet_row_group_docs) as lineage:
-        for position, count in zip(batch, counts.tolist()):
+        for slot, (position, count) in enumerate(zip(batch, counts.tolist())):
             start = int(docs.token_start[position])
             tokens[cursor : cursor + count] = token_maps[int(docs.input_index[position])][start : start + count]
-            lineage.add({"doc_id": format_doc_id(int(docs.doc_id[position])), "url": docs.url[position],
-                         "content_sha256": docs.content_sha256[position], "shard": rel,
+            lineage.add({"doc_id": format_doc_id(doc_ids[slot]), "url": urls[slot],
+                         "content_sha256": hashes[slot], "shard": rel,
                          "token_offset": cursor, "token_count": count - 1})  # count without end-of-text
             cursor += count
     if isinstance(store, LocalStore):

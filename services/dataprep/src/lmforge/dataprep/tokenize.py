@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lmforge.common.errors import ConfigError, InputError
@@ -25,7 +24,7 @@ from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig, TokenizerConfig
 from lmforge.dataprep.dedup_global import KIND_REASONS
 from lmforge.dataprep.document import format_doc_id
-from lmforge.dataprep.parquet_io import REJECT_SCHEMA, ParquetRowWriter, iter_batches
+from lmforge.dataprep.parquet_io import REJECT_SCHEMA, ArrowRowWriter, ParquetRowWriter, iter_batches, open_arrow
 from lmforge.dataprep.stats import StepStats
 
 TOKEN_INDEX_SCHEMA = pa.schema([
@@ -139,7 +138,7 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
     token_cursor = 0
     group = config.parquet_row_group_docs
     with store.open_write(layout.tokens(input_index)) as token_file, \
-         ParquetRowWriter(store, layout.token_index(input_index), TOKEN_INDEX_SCHEMA, group) as index, \
+         ArrowRowWriter(store, layout.token_index(input_index), TOKEN_INDEX_SCHEMA, group) as index, \
          ParquetRowWriter(store, layout.dedup_rejects(input_index), REJECT_SCHEMA, group) as rejects:
         columns = ["doc_id", "url", "text", "content_sha256"]
         for batch in iter_batches(store, layout.docs(input_index), columns=columns,
@@ -193,7 +192,8 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
 
 
 def read_token_index(store: Store, input_index: int) -> pa.Table:
-    return pq.read_table(store.local_path(layout.token_index(input_index)))
+    """doc_id, url, content_sha256, token_start, token_count of one input (memory-mapped)."""
+    return open_arrow(store, layout.token_index(input_index))
 
 
 def lineage_doc_id(doc_id: int) -> str:

@@ -23,7 +23,7 @@ from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher
 from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
-from lmforge.dataprep.pipeline import PipelineStep, chain
+from lmforge.dataprep.pipeline import BaseTransform, PipelineStep, chain
 from lmforge.dataprep.stats import StepStats
 from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter
 from lmforge.dataprep.steps.reader import WetReader
@@ -31,8 +31,9 @@ from lmforge.dataprep.steps.reader import WetReader
 BAD_INPUT_PREFIX = "bad_input:"
 
 
-class MinHashStep(PipelineStep):
-    """Computes each kept document's signature and LSH band keys (documents pass through)."""
+class MinHashStep(BaseTransform):
+    """Records each kept document's signature and its dedup keys: LSH band keys, then the
+    URL and content keys of the dedup steps (documents pass through unchanged)."""
 
     name = "minhash"
 
@@ -43,25 +44,16 @@ class MinHashStep(PipelineStep):
         self.signatures: list[np.ndarray] = []
         self.keys: list[np.ndarray] = []
 
-    def run(self, docs, rank: int = 0, world_size: int = 1):
-        stats = self.stats
-        for doc in docs:
-            nbytes = doc.nbytes
-            stats.docs_in += 1
-            stats.bytes_in += nbytes
-            start = time.perf_counter()
-            signature = self.hasher.signature(doc.text)
-            keys = np.empty(self.hasher.bands + 2, dtype=np.uint64)
-            keys[: self.hasher.bands] = self.hasher.band_keys(signature)
-            keys[-2] = doc.metadata["url_key"]
-            keys[-1] = doc.metadata["content_key"]
-            self.doc_ids.append(doc.doc_id)
-            self.signatures.append(signature)
-            self.keys.append(keys)
-            stats.seconds += time.perf_counter() - start
-            stats.docs_out += 1
-            stats.bytes_out += nbytes
-            yield doc
+    def transform(self, doc: Document) -> Document:
+        signature = self.hasher.signature(doc.text)
+        keys = np.empty(self.hasher.bands + 2, dtype=np.uint64)
+        keys[: self.hasher.bands] = self.hasher.band_keys(signature)
+        keys[-2] = doc.metadata["url_key"]
+        keys[-1] = doc.metadata["content_key"]
+        self.doc_ids.append(doc.doc_id)
+        self.signatures.append(signature)
+        self.keys.append(keys)
+        return doc
 
     def keys_npz_bytes(self) -> bytes:
         buffer = io.BytesIO()

@@ -59,37 +59,38 @@ def content_key(text: str) -> int:
     return stable_hash64(normalize_text(text).encode("utf-8"))
 
 
-class UrlDedupFilter(BaseFilter):
-    """Drops a document whose normalized URL was already seen in this input."""
+class _SeenKeyFilter(BaseFilter):
+    """Drops a document whose key was already seen in this input; records the key in
+    `doc.metadata[metadata_key]` for the global stage."""
 
-    name = "url_dedup"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._seen: set[int] = set()
-
-    def filter(self, doc: Document) -> tuple[bool, str | None]:
-        key = url_key(doc.url)
-        doc.metadata["url_key"] = key
-        if key in self._seen:
-            return False, "duplicate_url"
-        self._seen.add(key)
-        return True, None
-
-
-class ExactDedupFilter(BaseFilter):
-    """Drops a document whose normalized text was already seen in this input."""
-
-    name = "exact_dedup"
+    metadata_key: str
+    reason: str
 
     def __init__(self) -> None:
         super().__init__()
         self._seen: set[int] = set()
 
+    def key(self, doc: Document) -> int:
+        raise NotImplementedError
+
     def filter(self, doc: Document) -> tuple[bool, str | None]:
-        key = content_key(doc.text)
-        doc.metadata["content_key"] = key
+        key = self.key(doc)
+        doc.metadata[self.metadata_key] = key
         if key in self._seen:
-            return False, "duplicate_content"
+            return False, self.reason
         self._seen.add(key)
         return True, None
+
+
+class UrlDedupFilter(_SeenKeyFilter):
+    name, metadata_key, reason = "url_dedup", "url_key", "duplicate_url"
+
+    def key(self, doc: Document) -> int:
+        return url_key(doc.url)
+
+
+class ExactDedupFilter(_SeenKeyFilter):
+    name, metadata_key, reason = "exact_dedup", "content_key", "duplicate_content"
+
+    def key(self, doc: Document) -> int:
+        return content_key(doc.text)
