@@ -15,3 +15,41 @@ def test_counters_follow_design_names():
     assert 'lmforge_dataprep_documents_total{outcome="kept",stage="langid"} 7.0' in text
     assert 'lmforge_dataprep_bytes_total{stage="langid"} 1000.0' in text
     assert 'lmforge_dataprep_dropped_documents_total{reason="language_not_kept",stage="langid"} 3.0' in text
+
+
+def test_worker_pushes_its_counters_to_a_pushgateway(tmp_path):
+    """A real HTTP push (prometheus_client's client) to a loopback receiver."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from lmforge.dataprep.sample_data import write_sample_wet
+    from tests.dataprep.helpers import run_cli
+
+    pushes = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_PUT(self):  # noqa: N802 - http.server's naming
+            pushes.append((self.path, self.rfile.read(int(self.headers["Content-Length"])).decode()))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        inputs = []
+        for seed in (1, 2):
+            inputs.append(tmp_path / f"in{seed}.warc.wet.gz")
+            write_sample_wet(inputs[-1], 60, seed)
+        gateway = f"127.0.0.1:{server.server_port}"
+        assert run_cli("run", "--input", *inputs, tmp_path / "missing.warc.wet.gz", "--output", tmp_path / "out",
+                       "--worker-index", 0, "--num-workers", 2, "--pushgateway", gateway) == 0
+    finally:
+        server.shutdown()
+    assert len(pushes) == 1
+    path, body = pushes[0]
+    assert path == "/metrics/job/lmforge-dataprep/worker/0"
+    assert 'lmforge_dataprep_documents_total{outcome="in",stage="read"} 60.0' in body
+    assert 'lmforge_dataprep_worker_failures_total{phase="inputs"} 1.0' in body  # the missing input

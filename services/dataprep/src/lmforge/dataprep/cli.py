@@ -108,16 +108,14 @@ def _open(args, with_inputs: bool) -> runner.Run:
     return runner.open_run(args.output, config, args.input if with_inputs else None, _processes(args))
 
 
-def _push(args, run: runner.Run, worker: str) -> None:
+def _push(args, run: runner.Run, worker: str, indices: list[int]) -> None:
+    """Push the counters of the inputs this process was responsible for."""
     if not getattr(args, "pushgateway", None):
         return
     from lmforge.dataprep.metrics import DataprepMetrics
-    from lmforge.dataprep.worker import load_input_stats, merged_step_stats
 
     metrics = DataprepMetrics()
-    done = [i for i in range(run.n_inputs) if i not in runner.missing_inputs(run)]
-    metrics.record(merged_step_stats([s for i, s in enumerate(load_input_stats(run.store, run.n_inputs))
-                                      if i in done]) if len(done) == run.n_inputs else [])
+    metrics.record_inputs(run.store, indices)
     metrics.push(args.pushgateway, worker)
 
 
@@ -129,10 +127,12 @@ def cmd_run(args) -> int:
         report = runner.run_all(run)
         log.info("run_complete", output=run.store.uri, report=report, seconds=round(time.perf_counter() - started, 2))
         sys.stderr.write(f"report: {report}\n")
-        _push(args, run, "local")
+        _push(args, run, "local", list(range(run.n_inputs)))
         return 0
-    runner.run_inputs(run, runner.worker_slice(run.n_inputs, index, count))
+    indices = runner.worker_slice(run.n_inputs, index, count)
+    runner.run_inputs(run, indices)
     log.info("worker_complete", worker_index=index, num_workers=count)
+    _push(args, run, str(index), indices)
     return 0
 
 

@@ -5,10 +5,14 @@ Workers of an Indexed Job are batch processes: they push to a Pushgateway when g
 
 from __future__ import annotations
 
+import json
+
 from prometheus_client import Counter, push_to_gateway
 
 from lmforge.common.metrics import new_registry
-from lmforge.dataprep.stats import StepStats
+from lmforge.common.storage import Store
+from lmforge.dataprep import layout
+from lmforge.dataprep.stats import StepStats, merge_stats
 
 
 class DataprepMetrics:
@@ -31,6 +35,16 @@ class DataprepMetrics:
             self.bytes.labels(step.name).inc(step.bytes_in)
             for reason, count in step.dropped.items():
                 self.dropped.labels(step.name, reason).inc(count)
+
+    def record_inputs(self, store: Store, indices: list[int]) -> None:
+        """Counters of finished inputs (from their stats files); an input that could not be
+        read counts as a failure of the inputs phase."""
+        summaries = [json.loads(store.read_text(layout.input_stats(i))) for i in indices
+                     if store.exists(layout.input_stats(i))]
+        self.record(merge_stats([s["steps"] for s in summaries]))
+        failed = sum(1 for s in summaries if s.get("error"))
+        if failed:
+            self.failures.labels("inputs").inc(failed)
 
     def push(self, gateway: str, worker: str) -> None:
         push_to_gateway(gateway, job="lmforge-dataprep", grouping_key={"worker": worker}, registry=self.registry)
