@@ -24,7 +24,7 @@ from lmforge.dataprep.dedup_global import (
     write_minhash_config,
 )
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.minhash import MinHasher, estimated_jaccard, lsh_params
+from lmforge.dataprep.minhash import MinHasher, estimated_jaccard, lsh_params, verify_threshold
 from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter, content_key, normalize_url, url_key
 
 VOCAB = [f"word{i}" for i in range(5000)]
@@ -90,10 +90,16 @@ def test_lsh_params_favour_recall_and_respect_explicit_values():
     bands, rows = lsh_params(MinHashConfig())
     assert bands * rows <= 128
     p = 1 - (1 - 0.85**rows) ** bands
-    assert p >= 0.98  # candidates are verified afterwards, so be generous here
+    assert p >= 0.999  # candidates are verified afterwards, so be generous here
     assert lsh_params(MinHashConfig(bands=8, rows=16)) == (8, 16)
     with pytest.raises(ValueError):
         MinHashConfig(bands=20, rows=8)
+
+
+def test_verify_threshold_allows_for_estimator_noise():
+    assert verify_threshold(MinHashConfig()) == pytest.approx(0.8 - 3 * (0.8 * 0.2 / 128) ** 0.5)
+    assert verify_threshold(MinHashConfig(verify_sigmas=0)) == 0.8
+    assert verify_threshold(MinHashConfig(num_perm=512)) > verify_threshold(MinHashConfig())
 
 
 def test_verification_links_only_true_near_duplicates():

@@ -92,6 +92,9 @@ class MinHashConfig(StrictModel):
     bands: int | None = Field(None, ge=1, description="LSH bands; default derived from threshold and num_perm")
     rows: int | None = Field(None, ge=1)
     seed: int = 1
+    verify_sigmas: float = Field(
+        3.0, ge=0, description="candidates are duplicates when estimated Jaccard ≥ threshold − verify_sigmas·σ, "
+        "σ = sqrt(t(1−t)/num_perm): the estimator's own noise must not split a true duplicate pair")
     partitions_per_band: int = Field(1, ge=1, description="split each band by key range to bound memory")
     max_pairs_per_bucket: int = Field(64, ge=2, description="members a bucket member is verified against")
 

@@ -3,7 +3,8 @@
 1. `group_partition(p)`: partition p is one LSH band (or one slice of it by key range),
    or the exact-URL or exact-content key. It loads only that column of keys from every
    input, finds documents sharing a key and emits duplicate edges. Band candidates are
-   verified against the full signatures (estimated Jaccard ≥ threshold); URL and content
+   verified against the full signatures (estimated Jaccard ≥ threshold less the
+   estimator's noise margin, see minhash.verify_threshold); URL and content
    keys are exact. Partitions are independent: processes or Indexed-Job pods share them.
 2. `cluster()`: connected components over all edges (scipy); in each component the
    document with the lowest id (first in input order) survives, the others are removed.
@@ -23,7 +24,7 @@ from lmforge.common.errors import InputError
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import MinHashConfig
-from lmforge.dataprep.minhash import estimated_jaccard, lsh_params
+from lmforge.dataprep.minhash import estimated_jaccard, lsh_params, verify_threshold
 
 # Edge kinds, in order of precedence when a removed document has several.
 KIND_CONTENT, KIND_URL, KIND_NEAR = 0, 1, 2
@@ -128,7 +129,7 @@ def _edges_for_runs(store: Store, config: MinHashConfig, keys, ids, kind: int) -
     for start, end in runs:
         members = ids[start:end]
         sigs = signatures.get(members)
-        pairs.extend(_verified_pairs(members, sigs, config.threshold, config.max_pairs_per_bucket))
+        pairs.extend(_verified_pairs(members, sigs, verify_threshold(config), config.max_pairs_per_bucket))
     return _edge_array(pairs, kind)
 
 

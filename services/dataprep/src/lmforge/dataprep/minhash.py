@@ -8,6 +8,7 @@ refuse to work with signatures produced under another config.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import zlib
 
@@ -20,8 +21,9 @@ _WORD = re.compile(r"\w+")
 _SHINGLE_MULTIPLIER = np.uint32(0x9E3779B1)  # odd: a bijective mix per position
 SIGNATURE_DTYPE = np.uint32  # datasketch's default "affine32" scheme
 # Candidate pairs are verified against full signatures, so false positives only cost a
-# comparison; weigh false negatives heavily when datasketch picks bands x rows.
-LSH_WEIGHTS = (0.05, 0.95)
+# comparison; weigh false negatives heavily when datasketch picks bands x rows
+# (threshold 0.8, 128 permutations → 18 bands x 7 rows: P(candidate | J=0.85) = 0.999).
+LSH_WEIGHTS = (0.01, 0.99)
 WORD_CACHE_LIMIT = 500_000  # distinct words whose hashes are remembered (≈ 50 MB)
 
 
@@ -31,6 +33,14 @@ def lsh_params(config: MinHashConfig) -> tuple[int, int]:
         return config.bands, config.rows
     lsh = MinHashLSH(threshold=config.threshold, num_perm=config.num_perm, weights=LSH_WEIGHTS)
     return lsh.b, lsh.r
+
+
+def verify_threshold(config: MinHashConfig) -> float:
+    """Estimated-Jaccard floor for a verified pair: the threshold lowered by `verify_sigmas`
+    standard deviations of the 128-permutation estimator at the threshold. At the defaults
+    (0.8, 3σ) that is 0.694: a pair at true J = 0.5 passes with probability ~1e-5."""
+    t = config.threshold
+    return t - config.verify_sigmas * math.sqrt(t * (1 - t) / config.num_perm)
 
 
 def _identity(value):
