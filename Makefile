@@ -10,7 +10,17 @@ PIP := $(PY) -m pip
 SETUP_STAMP := $(VENV)/.lmforge-setup
 SERVICES := services/common services/dataprep
 APT_PACKAGES :=
+BENCH_APT_PACKAGES := libmagic1 util-linux
 DEMO_DIR ?= demo-output
+
+# Install the Debian packages named in $(1) that are missing (root, or sudo).
+define apt_install
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+endef
 DEMO_DOCS ?= 3000
 
 .PHONY: setup demo test test-fast lint bench-dataprep clean
@@ -18,13 +28,7 @@ DEMO_DOCS ?= 3000
 setup: $(SETUP_STAMP)
 
 $(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(SERVICES),$(s)/pyproject.toml)
-	@if [ -n "$(APT_PACKAGES)" ]; then \
-	  missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	  if [ -n "$$missing" ]; then \
-	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	    $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	  fi; \
-	fi
+	$(call apt_install,$(APT_PACKAGES))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(SERVICES),-e $(s))
@@ -48,6 +52,7 @@ lint: setup
 	$(VENV)/bin/ruff check services tests bench
 
 bench-dataprep: setup
+	$(call apt_install,$(BENCH_APT_PACKAGES))
 	$(PY) bench/dataprep_bench.py
 
 clean:

@@ -93,7 +93,6 @@ def test_outputs_follow_the_design_layout(two_worker_run):
         assert header.tokenizer_sha256 == man["tokenizer"]["sha256"]
         assert header.dtype.name == man["dtype"] == "uint16"
     assert man["totals"]["tokens"] == sum(s["tokens"] for s in man["shards"])
-    rejects = pq.read_table(out / "rejects").to_pylist() if False else None  # noqa: F841
     reasons = {(r["stage"], r["reason"]) for p in (out / "rejects").glob("*.parquet")
                for r in pq.read_table(p, columns=["stage", "reason"]).to_pylist()}
     assert ("langid", "language_not_kept") in reasons

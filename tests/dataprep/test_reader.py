@@ -90,3 +90,17 @@ def test_reject_sink_receives_drops(tmp_path):
     reader.reject_sink = lambda doc, stage, reason: seen.append((doc.url, stage, reason))
     assert list(reader.read(str(path), 0)) == []
     assert seen == [("https://u.example/bad", "read", "non_utf8")]
+
+
+def test_a_dropped_record_keeps_its_doc_id(tmp_path):
+    from lmforge.dataprep.document import make_doc_id
+
+    records = [wet_record(f"https://a.example/{i}", english(i)) for i in range(3)]
+    records[1] = wet_record("https://a.example/1", english(1), content_length=len(english(1)) - 30)
+    path = tmp_path / "bad.wet"
+    path.write_bytes(b"".join(records))
+    reader = WetReader()
+    seen = []
+    reader.reject_sink = lambda doc, stage, reason: seen.append((doc.doc_id, doc.url, reason))
+    list(reader.read(str(path), 7))
+    assert seen == [(make_doc_id(7, 1), "https://a.example/1", "bad_content_length")]

@@ -1,41 +1,58 @@
-"""`lmforge-dataprep sample`: random kept and dropped documents, for spot checks."""
+"""`lmforge-dataprep sample`: random kept and dropped documents, for spot checks.
+
+One pass over the Parquet files with a reservoir per side, so memory holds only the
+documents shown, whatever the size of the run."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from typing import TextIO
 
+import numpy as np
 import pyarrow.parquet as pq
 
-from lmforge.common.storage import open_store
+from lmforge.common.storage import Store, open_store
 from lmforge.dataprep import layout
+from lmforge.dataprep.dedup_global import load_removed
 
 
-def _rows(store, prefix: str, columns: list[str]) -> list[dict]:
-    rows: list[dict] = []
+def _rows(store: Store, prefix: str, columns: list[str]) -> Iterator[dict]:
     for rel in store.list(prefix):
         if rel.endswith(".parquet"):
-            rows.extend(pq.read_table(store.local_path(rel), columns=columns).to_pylist())
-    return rows
+            for batch in pq.ParquetFile(store.local_path(rel)).iter_batches(columns=columns):
+                yield from batch.to_pylist()
+
+
+def reservoir(rows: Iterator[dict], k: int, rng: random.Random) -> tuple[list[dict], int]:
+    """k rows drawn uniformly from the stream (Algorithm R), and how many rows there were."""
+    chosen: list[dict] = []
+    seen = 0
+    for row in rows:
+        seen += 1
+        if len(chosen) < k:
+            chosen.append(row)
+        else:
+            slot = rng.randrange(seen)
+            if slot < k:
+                chosen[slot] = row
+    return chosen, seen
 
 
 def print_sample(output: str, n: int, seed: int, chars: int, out: TextIO) -> None:
     store = open_store(output)
     rng = random.Random(seed)
-    kept = _rows(store, "work/docs", ["doc_id", "url", "text", "language"])
-    if store.exists(layout.MANIFEST):
-        from lmforge.dataprep.dedup_global import load_removed
-
-        removed = set(load_removed(store)[0].tolist())
-        kept = [row for row in kept if row["doc_id"] not in removed]
-    dropped = _rows(store, "rejects", ["url", "stage", "reason", "text_preview"])
-    n_kept = min(len(kept), (n + 1) // 2)
-    n_dropped = min(len(dropped), n - n_kept)
-    n_kept = min(len(kept), n - n_dropped)
-    for row in rng.sample(kept, n_kept):
+    removed = load_removed(store)[0] if store.exists(layout.DEDUP_REMOVED) else np.zeros(0, np.uint64)
+    kept_rows = (row for row in _rows(store, "work/docs", ["doc_id", "url", "text", "language"])
+                 if not np.isin(row["doc_id"], removed))
+    kept, n_kept_total = reservoir(kept_rows, (n + 1) // 2, rng)
+    dropped, n_dropped_total = reservoir(_rows(store, "rejects", ["url", "stage", "reason", "text_preview"]),
+                                         n - len(kept), rng)
+    for row in kept:
         text = row["text"][:chars].replace("\n", " ")
         out.write(f"KEPT     [{row['language']}] {row['url']}\n    {text}\n\n")
-    for row in rng.sample(dropped, n_dropped):
+    for row in dropped:
         text = (row["text_preview"] or "")[:chars].replace("\n", " ")
         out.write(f"DROPPED  {row['stage']}/{row['reason']} {row['url']}\n    {text}\n\n")
-    out.write(f"# {n_kept} kept and {n_dropped} dropped shown, of {len(kept)} kept and {len(dropped)} dropped\n")
+    out.write(f"# {len(kept)} kept and {len(dropped)} dropped shown, "
+              f"of {n_kept_total} kept and {n_dropped_total} dropped\n")

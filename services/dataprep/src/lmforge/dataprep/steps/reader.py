@@ -85,7 +85,7 @@ class WetReader(PipelineStep):
             return
         gz = uri.endswith(".gz")
         try:
-            for record in self._records(fh, gz):
+            for record in self._records(fh, gz, input_index):
                 body_len = len(record.body)
                 stats.docs_in += 1
                 stats.bytes_in += body_len
@@ -119,6 +119,9 @@ class WetReader(PipelineStep):
             fh.close()
             stats.seconds += time.perf_counter() - start
 
+    def _drop_record(self, input_index: int, record: _Record, reason: str) -> None:
+        self.drop(Document(make_doc_id(input_index, record.index), record.url, ""), reason)
+
     def _open(self, uri: str) -> BinaryIO | None:
         last_error: Exception | None = None
         for attempt in range(self.config.open_retries):
@@ -134,7 +137,7 @@ class WetReader(PipelineStep):
         self.last_error = str(last_error)
         return None
 
-    def _records(self, fh: _CountingReader, gz: bool) -> Iterator[_Record]:
+    def _records(self, fh: _CountingReader, gz: bool, input_index: int) -> Iterator[_Record]:
         """Conversion records in order; drops a record whose length turned out wrong."""
         index = 0
         position = 0
@@ -152,7 +155,7 @@ class WetReader(PipelineStep):
                         pending.followed = True
                         if iterator.err_count > errors_at_pending:
                             self.count_bad("bad_content_length")
-                            self.drop(Document(0, pending.url, ""), "bad_content_length")
+                            self._drop_record(input_index, pending, "bad_content_length")
                         else:
                             yield pending
                         pending = None
@@ -177,12 +180,12 @@ class WetReader(PipelineStep):
                 failure = "unreadable"
             if failure is None:
                 if pending is not None and iterator.truncated_member:
-                    self.drop(Document(0, pending.url, ""), "truncated")
+                    self._drop_record(input_index, pending, "truncated")
                     pending = None
                 if pending is not None:
                     if iterator.err_count > errors_at_pending:
                         self.count_bad("bad_content_length")
-                        self.drop(Document(0, pending.url, ""), "bad_content_length")
+                        self._drop_record(input_index, pending, "bad_content_length")
                     else:
                         yield pending
                 if not saw_any and fh.bytes_read == 0:
@@ -194,7 +197,7 @@ class WetReader(PipelineStep):
                 return
             # The record before the failure is suspect: its length made the parser lose sync.
             if pending is not None:
-                self.drop(Document(0, pending.url, ""), failure)
+                self._drop_record(input_index, pending, failure)
                 position = pending.start
             self.count_bad(failure)
             if not seekable or failure == "unreadable":
