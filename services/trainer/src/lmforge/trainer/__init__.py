@@ -1,0 +1,1 @@
+"""lmforge trainer: a GPT trained with torchrun and FSDP on data-prep shards."""
