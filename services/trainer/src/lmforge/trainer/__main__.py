@@ -1,0 +1,27 @@
+"""`torchrun --nproc_per_node=N -m lmforge.trainer --config FILE [key=value …]`."""
+
+import argparse
+import sys
+
+from lmforge.common.errors import LmforgeError
+from lmforge.common.logging import get_logger
+from lmforge.trainer.config import load_train_config
+from lmforge.trainer.train import train
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmforge.trainer")
+    parser.add_argument("--config", help="YAML config file")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        train(load_train_config(args.config, args.overrides))
+    except LmforgeError as exc:
+        get_logger("trainer").error("failed", error=str(exc), kind=type(exc).__name__)
+        sys.stderr.write(f"lmforge trainer: error: {exc}\n")
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

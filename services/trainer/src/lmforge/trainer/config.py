@@ -1,0 +1,79 @@
+"""Trainer configuration (pydantic; YAML, then LMFORGE_TRAINER__… env, then key=value)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from lmforge.common.config import StrictModel, load_config
+from lmforge.common.model import GPTConfig
+
+ENV_PREFIX = "LMFORGE_TRAINER"
+
+
+class ModelSection(StrictModel):
+    preset: str = "tiny"
+    overrides: dict[str, Any] = Field(default_factory=dict, description="any GPTConfig field, e.g. n_layer: 2")
+
+    def build(self, vocab_size: int | None = None) -> GPTConfig:
+        fields = dict(self.overrides)
+        if vocab_size is not None:
+            fields.setdefault("vocab_size", vocab_size)
+        return GPTConfig.preset(self.preset, **fields)
+
+
+class DataSourceSection(StrictModel):
+    path: str = Field(description="a data-prep output directory (manifest.json, shards/)")
+    weight: float = Field(1.0, ge=0)
+
+
+class DataSection(StrictModel):
+    sources: list[DataSourceSection] = Field(min_length=1)
+    seq_len: int = Field(256, ge=1)
+    batch_size: int = Field(8, ge=1, description="sequences per rank per micro-step")
+    verify_sha256: bool = True
+
+
+class OptimSection(StrictModel):
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(0.1, ge=0)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: share of steps spent decaying")
+
+
+class ParallelSection(StrictModel):
+    mode: Literal["none", "ddp", "fsdp", "hsdp"] = "none"
+    reshard_after_forward: bool = Field(True, description="False = shard-grad-op (ZeRO-2-like)")
+    replicate_degree: int = Field(1, ge=1, description="hsdp: replica groups (the mesh is replicate x shard)")
+    mixed_precision: bool = Field(True, description="bf16 params/compute, fp32 reduction; GPU only")
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+
+class TrainConfig(StrictModel):
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection
+    optim: OptimSection = Field(default_factory=OptimSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    steps: int = Field(100, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    seed: int = 1234
+    run_dir: str = "runs/default"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    log_every: int = Field(1, ge=1)
+    max_nonfinite_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row")
+
+    @model_validator(mode="after")
+    def _checks(self) -> TrainConfig:
+        self.model.build()  # an invalid model shape fails here, naming the field
+        return self
+
+
+def load_train_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    return load_config(TrainConfig, path, overrides, env_prefix=ENV_PREFIX)

@@ -1,0 +1,104 @@
+"""Process group, device and the model wrapper for each parallelism mode.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK (on Kubernetes from the PET_* variables the
+training operator injects); nothing here reads the operator's node-level WORLD_SIZE/RANK.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from lmforge.common.errors import ConfigError
+from lmforge.trainer.config import ParallelSection
+
+
+@dataclass
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    mesh: DeviceMesh | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if parallel.mode == "none":
+        if world_size > 1:
+            raise ConfigError(f"parallel.mode is 'none' but {world_size} processes were started")
+        return Dist(0, 1, 0, device, None)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    mesh = None
+    if parallel.mode in ("fsdp", "hsdp"):
+        if parallel.mode == "hsdp":
+            if world_size % parallel.replicate_degree:
+                raise ConfigError(f"parallel.replicate_degree {parallel.replicate_degree} must divide {world_size}")
+            shape = (parallel.replicate_degree, world_size // parallel.replicate_degree)
+            mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+    return Dist(rank, world_size, local_rank, device, mesh)
+
+
+def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -> torch.nn.Module:
+    """Activation checkpointing, then the data-parallel wrapper, then compile."""
+    if parallel.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for index, block in enumerate(model.blocks):
+            model.blocks[index] = checkpoint_wrapper(block)
+    if parallel.mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    elif parallel.mode in ("fsdp", "hsdp"):
+        model = _fully_shard(model, parallel, ctx)
+    if parallel.compile:
+        model = torch.compile(model)
+    return model
+
+
+def _fully_shard(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -> torch.nn.Module:
+    """torchtitan's grouping: each block, then the root (embedding, final norm and the
+    tied head share one group, as tied weights must)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = None
+    if parallel.mixed_precision and ctx.device.type == "cuda":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs = {"mesh": ctx.mesh, "reshard_after_forward": parallel.reshard_after_forward}
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
+
+
+def all_reduce_mean(value: torch.Tensor, ctx: Dist) -> torch.Tensor:
+    if ctx.world_size > 1:
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= ctx.world_size
+    return value
