@@ -56,11 +56,18 @@ class ParallelSection(StrictModel):
     compile: bool = False
 
 
+class CheckpointSection(StrictModel):
+    every: int = Field(0, ge=0, description="save every N steps (0: only the final one)")
+    keep: int = Field(3, ge=1, description="committed checkpoints kept")
+    resume: bool = Field(True, description="continue from the newest committed checkpoint in run_dir")
+
+
 class TrainConfig(StrictModel):
     model: ModelSection = Field(default_factory=ModelSection)
     data: DataSection
     optim: OptimSection = Field(default_factory=OptimSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     steps: int = Field(100, ge=1)
     grad_accum: int = Field(1, ge=1)
     seed: int = 1234

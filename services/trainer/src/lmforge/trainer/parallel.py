@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,8 @@ def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
             raise ConfigError(f"parallel.mode is 'none' but {world_size} processes were started")
         return Dist(0, 1, 0, device, None)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=_attempt_store(rank, world_size),
+                                rank=rank, world_size=world_size)
     mesh = None
     if parallel.mode in ("fsdp", "hsdp"):
         if parallel.mode == "hsdp":
@@ -54,6 +56,17 @@ def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
         else:
             mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
     return Dist(rank, world_size, local_rank, device, mesh)
+
+
+def _attempt_store(rank: int, world_size: int) -> dist.Store:
+    """The rendezvous store, namespaced by torchrun's restart count: the agent's store
+    outlives a failed attempt, and without a fresh namespace the restarted ranks read the
+    dead ranks' addresses (gloo then fails with 'connection refused')."""
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not agent_store,
+                          timeout=timedelta(minutes=5))
+    return dist.PrefixStore(f"lmforge/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -> torch.nn.Module:

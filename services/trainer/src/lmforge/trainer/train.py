@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -13,6 +15,7 @@ import torch
 from lmforge.common.errors import LmforgeError
 from lmforge.common.logging import get_logger
 from lmforge.common.model import GPT, flops_per_token
+from lmforge.trainer import checkpoint
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.data import MixtureSampler, ShardSource
 from lmforge.trainer.optim import build_optimizer, learning_rate
@@ -21,6 +24,17 @@ from lmforge.trainer.parallel import all_reduce_mean, init_distributed, parallel
 
 class NonFiniteLossError(LmforgeError):
     exit_code = 5
+
+
+def _maybe_inject_kill(step: int, rank: int) -> None:
+    """Fault injection for the resume tests: LMFORGE_TRAINER_KILL_AT_STEP=N (and optionally
+    LMFORGE_TRAINER_KILL_RANK=R) SIGKILLs this process when it reaches step N, on the first
+    attempt only, so a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) runs clean."""
+    target = os.environ.get("LMFORGE_TRAINER_KILL_AT_STEP")
+    if target is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
+    if step == int(target) and rank == int(os.environ.get("LMFORGE_TRAINER_KILL_RANK", rank)):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class MetricsFile:
@@ -63,10 +77,18 @@ def train(config: TrainConfig) -> list[float]:
                  device=str(ctx.device), model=model_config.model_dump())
     tokens_per_step = config.data.batch_size * config.data.seq_len * config.grad_accum * ctx.world_size
     flops_per_step = flops_per_token(model_config, config.data.seq_len) * tokens_per_step
+    checkpoints = run_dir / "checkpoints"
+    meta = {"config": config.model_dump(mode="json"), "tokenizer_sha256": sampler.sources[0].tokenizer_sha256,
+            "world_size": ctx.world_size}
+    start_step = 0
+    if config.checkpoint.resume:
+        loaded = checkpoint.load_latest(checkpoints, model, optimizer)
+        start_step = 0 if loaded is None else loaded + 1
     losses: list[float] = []
     nonfinite_in_a_row = 0
     try:
-        for step in range(config.steps):
+        for step in range(start_step, config.steps):
+            _maybe_inject_kill(step, ctx.rank)
             started = time.perf_counter()
             lr = learning_rate(step, config.steps, config.optim)
             for group in optimizer.param_groups:
@@ -109,6 +131,9 @@ def train(config: TrainConfig) -> list[float]:
                 log.info("step", **record)
                 if metrics:
                     metrics.write(record)
+            last_step = step == config.steps - 1
+            if last_step or (config.checkpoint.every and (step + 1) % config.checkpoint.every == 0):
+                checkpoint.save(checkpoints, step, model, optimizer, meta, config.checkpoint.keep)
     finally:
         if metrics:
             metrics.close()
