@@ -26,11 +26,18 @@ def write_output(root: Path, shard_tokens: dict[str, list[np.ndarray]], *, vocab
 
 
 def random_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_000, seed: int = 0) -> Path:
-    """Tokens with some structure (a noisy repeating pattern), so a model can learn."""
+    """Tokens with some structure (a noisy repeating pattern), so a model can learn; with a
+    stand-in tokenizer.json whose hash the manifest and shard headers carry."""
+    import hashlib
+
+    root.mkdir(parents=True, exist_ok=True)
+    stand_in = json.dumps({"stand_in_tokenizer": True, "vocab_size": vocab_size}).encode()
+    (root / "tokenizer.json").write_bytes(stand_in)
+    tokenizer_sha = hashlib.sha256(stand_in).hexdigest()
     rng = np.random.default_rng(seed)
     pattern = rng.integers(1, vocab_size, 97)
     tokens = np.resize(pattern, train_tokens)
     noise = rng.random(train_tokens) < 0.2
     tokens[noise] = rng.integers(1, vocab_size, int(noise.sum()))
     return write_output(root, {"train": [tokens[: train_tokens // 2], tokens[train_tokens // 2 :]],
-                               "val": [tokens[:3000]]}, vocab_size=vocab_size)
+                               "val": [tokens[:3000]]}, vocab_size=vocab_size, tokenizer_sha=tokenizer_sha)

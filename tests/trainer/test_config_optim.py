@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from lmforge.common.errors import ConfigError
@@ -62,3 +64,25 @@ def test_nonfinite_losses_stop_the_run(tmp_path, monkeypatch):
     with pytest.raises(train_module.NonFiniteLossError, match="3 non-finite steps in a row"):
         train_module.train(config)
     assert not (tmp_path / "run" / "metrics.jsonl").read_text()  # no step was taken
+
+
+def test_evaluation_on_val_shards_tracks_the_best(tmp_path):
+    import json
+
+    from lmforge.trainer.config import TrainConfig
+    from lmforge.trainer.train import train
+    from tests.trainer.helpers import random_output
+
+    data = random_output(tmp_path / "data", train_tokens=20000)
+    config = TrainConfig.model_validate({
+        "data": {"sources": [{"path": str(data)}], "seq_len": 16, "batch_size": 4},
+        "model": {"overrides": {"n_layer": 1, "n_embd": 32, "n_head": 2, "context_length": 16}},
+        "optim": {"lr": 0.01, "warmup_steps": 2}, "steps": 30, "eval_every": 10, "eval_batches": 2,
+        "run_dir": str(tmp_path / "run")})
+    train(config)
+    evals = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if "val_loss" in r]
+    assert [r["step"] for r in evals] == [9, 19, 29]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert evals[-1]["best_val_loss"] == min(r["val_loss"] for r in evals)
+    assert evals[0]["val_perplexity"] == pytest.approx(math.exp(evals[0]["val_loss"]))

@@ -74,6 +74,8 @@ class TrainConfig(StrictModel):
     run_dir: str = "runs/default"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_every: int = Field(1, ge=1)
+    eval_every: int = Field(0, ge=0, description="evaluate on the val shards every N steps (0: never)")
+    eval_batches: int = Field(4, ge=1, description="val batches per evaluation (the same ones every time)")
     max_nonfinite_steps: int = Field(5, ge=1, description="stop after this many non-finite steps in a row")
 
     @model_validator(mode="after")

@@ -58,6 +58,20 @@ def build_sampler(config: TrainConfig, split: str = "train") -> MixtureSampler:
     return MixtureSampler(sources, [s.weight for s in config.data.sources], config.seed)
 
 
+@torch.no_grad()
+def evaluate(model, sampler: MixtureSampler, config: TrainConfig, ctx) -> float:
+    """Mean loss over the same eval_batches val batches every time (all ranks)."""
+    model.eval()
+    total = torch.zeros((), device=ctx.device)
+    for index in range(config.eval_batches):
+        tokens, _ = sampler.batch(index, ctx.rank, ctx.world_size, config.data.batch_size)
+        batch = torch.from_numpy(tokens).to(ctx.device)
+        _, loss = model(batch[:, :-1], batch[:, 1:])
+        total += loss / config.eval_batches
+    model.train()
+    return all_reduce_mean(total, ctx).item()
+
+
 def train(config: TrainConfig) -> list[float]:
     """Train for config.steps; returns the per-step (all-rank mean) losses."""
     ctx = init_distributed(config.device, config.parallel)
@@ -84,6 +98,8 @@ def train(config: TrainConfig) -> list[float]:
     if config.checkpoint.resume:
         loaded = checkpoint.load_latest(checkpoints, model, optimizer)
         start_step = 0 if loaded is None else loaded + 1
+    val_sampler = build_sampler(config, "val") if config.eval_every else None
+    best_val = math.inf
     losses: list[float] = []
     nonfinite_in_a_row = 0
     try:
@@ -129,6 +145,14 @@ def train(config: TrainConfig) -> list[float]:
                           "tokens_per_second": tokens_per_step / step_seconds,
                           "flops_per_second": flops_per_step / step_seconds}
                 log.info("step", **record)
+                if metrics:
+                    metrics.write(record)
+            if val_sampler is not None and ((step + 1) % config.eval_every == 0 or step == config.steps - 1):
+                val_loss = evaluate(model, val_sampler, config, ctx)
+                best_val = min(best_val, val_loss)
+                record = {"step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)),
+                          "best_val_loss": best_val}
+                log.info("eval", **record)
                 if metrics:
                     metrics.write(record)
             last_step = step == config.steps - 1

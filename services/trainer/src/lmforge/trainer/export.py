@@ -1,0 +1,51 @@
+"""`lmforge-train export`: a committed checkpoint → the serving package (model_package)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+
+from lmforge.common import model_package
+from lmforge.common.errors import InputError
+from lmforge.common.model import GPT
+from lmforge.trainer.checkpoint import COMMIT_MARKER
+from lmforge.trainer.config import TrainConfig
+
+
+def export(checkpoint: str | Path, output: str | Path) -> Path:
+    checkpoint, output = Path(checkpoint), Path(output)
+    if not (checkpoint / COMMIT_MARKER).exists():
+        raise InputError(f"{checkpoint}: not a committed checkpoint (no {COMMIT_MARKER})")
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    config = TrainConfig.model_validate(meta["config"])
+    source = Path(config.data.sources[0].path)
+    tokenizer = source / "tokenizer.json"
+    if not tokenizer.is_file() or hashlib.sha256(tokenizer.read_bytes()).hexdigest() != meta["tokenizer_sha256"]:
+        raise InputError(f"{tokenizer}: missing, or not the tokenizer this checkpoint was trained with")
+    vocab_size = json.loads((source / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    model = GPT(config.model.build(vocab_size=vocab_size))
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(checkpoint))  # consolidates the shards of any world size
+    model.load_state_dict(state["model"])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
+    try:
+        save_file(model_package.package_state(model), str(staging / model_package.WEIGHTS), metadata={"format": "pt"})
+        shutil.copyfile(tokenizer, staging / model_package.TOKENIZER)
+        package_meta = {"format_version": model_package.FORMAT_VERSION, "model": model.config.model_dump(),
+                        "tokenizer_sha256": meta["tokenizer_sha256"], "step": meta["step"]}
+        (staging / model_package.CONFIG).write_text(json.dumps(package_meta, indent=1))
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
