@@ -13,7 +13,6 @@ import fnmatch
 import glob
 import hashlib
 import os
-import shutil
 import tempfile
 import urllib.error
 import urllib.request
@@ -169,9 +168,6 @@ class Store(ABC):
     def local_path(self, rel: str) -> Path:
         """A local file with the content of `rel` (a download for remote stores)."""
 
-    @abstractmethod
-    def delete(self, rel: str) -> None: ...
-
     def write_bytes(self, rel: str, data: bytes) -> None:
         with self.open_write(rel) as fh:
             fh.write(data)
@@ -222,13 +218,6 @@ class LocalStore(Store):
 
     def local_path(self, rel: str) -> Path:
         return self._path(rel)
-
-    def delete(self, rel: str) -> None:
-        path = self._path(rel)
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
 
 
 class S3Store(Store):
@@ -289,10 +278,6 @@ class S3Store(Store):
                 raise StorageError(f"cannot download {self.join(rel)}: {exc}") from exc
             os.replace(tmp, target)
         return target
-
-    def delete(self, rel: str) -> None:
-        for key in self.list(rel):
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
 
 def open_store(uri: str | Path) -> Store:

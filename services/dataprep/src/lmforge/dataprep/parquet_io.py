@@ -105,7 +105,3 @@ def iter_batches(store: Store, rel: str, columns: list[str] | None = None, batch
                  ) -> Iterator[pa.RecordBatch]:
     parquet = pq.ParquetFile(store.local_path(rel))
     yield from parquet.iter_batches(batch_size=batch_rows, columns=columns)
-
-
-def read_table(store: Store, rel: str, columns: list[str] | None = None) -> pa.Table:
-    return pq.read_table(store.local_path(rel), columns=columns)

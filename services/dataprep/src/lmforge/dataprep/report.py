@@ -11,13 +11,13 @@ import numpy as np
 
 from lmforge.dataprep import layout
 from lmforge.dataprep.stats import StepStats, merge_stats
+from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
 from lmforge.dataprep.tokenize import read_token_index
 
 if TYPE_CHECKING:
     from lmforge.dataprep.runner import Run
 
 LENGTH_EDGES = [0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-BAD_INPUT_PREFIX = "bad_input:"
 
 
 def _package_version() -> str:

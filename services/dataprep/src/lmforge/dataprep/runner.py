@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from lmforge.common.config import dump_config
 from lmforge.common.errors import ConfigError, InputError
 from lmforge.common.logging import StructLogger, get_logger
@@ -40,8 +38,6 @@ from lmforge.dataprep.progress import Progress
 from lmforge.dataprep.shard_writer import write_shards
 from lmforge.dataprep.tokenize import prepare_tokenizer, tokenize_input
 from lmforge.dataprep.worker import process_input
-
-PHASES = ("inputs", "dedup", "cluster", "tokenizer", "tokenize", "shards", "report")
 
 
 @dataclass
@@ -278,8 +274,3 @@ def run_all(run: Run) -> str:
 
 def default_processes() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-def removed_count(run: Run) -> int:
-    removed, _ = load_removed(run.store)
-    return int(np.size(removed))

@@ -9,7 +9,6 @@ import random
 from collections.abc import Iterator
 from typing import TextIO
 
-import numpy as np
 import pyarrow.parquet as pq
 
 from lmforge.common.storage import Store, open_store
@@ -42,9 +41,9 @@ def reservoir(rows: Iterator[dict], k: int, rng: random.Random) -> tuple[list[di
 def print_sample(output: str, n: int, seed: int, chars: int, out: TextIO) -> None:
     store = open_store(output)
     rng = random.Random(seed)
-    removed = load_removed(store)[0] if store.exists(layout.DEDUP_REMOVED) else np.zeros(0, np.uint64)
+    removed = set(load_removed(store)[0].tolist()) if store.exists(layout.DEDUP_REMOVED) else set()
     kept_rows = (row for row in _rows(store, "work/docs", ["doc_id", "url", "text", "language"])
-                 if not np.isin(row["doc_id"], removed))
+                 if row["doc_id"] not in removed)
     kept, n_kept_total = reservoir(kept_rows, (n + 1) // 2, rng)
     dropped, n_dropped_total = reservoir(_rows(store, "rejects", ["url", "stage", "reason", "text_preview"]),
                                          n - len(kept), rng)

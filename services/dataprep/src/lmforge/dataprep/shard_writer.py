@@ -155,6 +155,7 @@ def _flush_shard(store, config, docs: _DocTable, token_maps, tokenizer_info, spl
 
 
 def _write_remote_shard(store: Store, rel: str, tokens, ends, tokenizer_info) -> str:
+    import shutil
     import tempfile
     from pathlib import Path
 
@@ -164,6 +165,7 @@ def _write_remote_shard(store: Store, rel: str, tokens, ends, tokenizer_info) ->
         local = Path(tmp) / Path(rel).name
         digest = write_shard(local, tokens, ends, eot_id=tokenizer_info["eot_id"],
                              vocab_size=tokenizer_info["vocab_size"], tokenizer_sha256=tokenizer_info["sha256"])
-        store.write_bytes(rel, local.read_bytes())
-        store.write_bytes(rel.removesuffix(".bin") + ".idx", index_path(local).read_bytes())
+        for source, target in ((local, rel), (index_path(local), rel.removesuffix(".bin") + ".idx")):
+            with open(source, "rb") as src, store.open_write(target) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
     return digest

@@ -23,7 +23,6 @@ from lmforge.common.storage import Store, local_path_of, scheme_of
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig, TokenizerConfig
 from lmforge.dataprep.dedup_global import KIND_REASONS
-from lmforge.dataprep.document import format_doc_id
 from lmforge.dataprep.parquet_io import REJECT_SCHEMA, ArrowRowWriter, ParquetRowWriter, iter_batches, open_arrow
 from lmforge.dataprep.stats import StepStats
 
@@ -195,7 +194,3 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
 def read_token_index(store: Store, input_index: int) -> pa.Table:
     """doc_id, url, content_sha256, token_start, token_count of one input (memory-mapped)."""
     return open_arrow(store, layout.token_index(input_index))
-
-
-def lineage_doc_id(doc_id: int) -> str:
-    return format_doc_id(doc_id)

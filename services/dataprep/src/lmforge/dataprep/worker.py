@@ -24,11 +24,8 @@ from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher
 from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
 from lmforge.dataprep.pipeline import BaseTransform, PipelineStep, chain
-from lmforge.dataprep.stats import StepStats
 from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter
 from lmforge.dataprep.steps.reader import WetReader
-
-BAD_INPUT_PREFIX = "bad_input:"
 
 
 class MinHashStep(BaseTransform):
@@ -163,12 +160,3 @@ def process_input(store: Store, config: DataprepConfig, uri: str, input_index: i
     store.write_text(layout.input_done(input_index), "")
     return InputResult(input_index, uri, seconds, peak_rss, input_bytes, kept.rows)
 
-
-def load_input_stats(store: Store, n_inputs: int) -> list[dict]:
-    return [json.loads(store.read_text(layout.input_stats(i))) for i in range(n_inputs)]
-
-
-def merged_step_stats(summaries: list[dict]) -> list[StepStats]:
-    from lmforge.dataprep.stats import merge_stats
-
-    return merge_stats([s["steps"] for s in summaries])

@@ -104,11 +104,6 @@ def _fully_shard(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -
     return model
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    model = getattr(model, "_orig_mod", model)
-    return getattr(model, "module", model)
-
-
 def all_reduce_mean(value: torch.Tensor, ctx: Dist) -> torch.Tensor:
     if ctx.world_size > 1:
         value = value.detach().clone()

@@ -29,6 +29,7 @@ from lmforge.dataprep.config import ReaderConfig
 from lmforge.dataprep.document import Document, make_doc_id
 from lmforge.dataprep.pipeline import PipelineStep
 
+BAD_INPUT_PREFIX = "bad_input:"  # counters of the read step: bad_input:<kind>
 GZIP_MAGIC = b"\x1f\x8b\x08"
 WARC_LINE = b"WARC/1."
 SCAN_CHUNK = 1 << 20
@@ -72,7 +73,7 @@ class WetReader(PipelineStep):
         raise TypeError("WetReader is a source: use read(uri, input_index)")
 
     def count_bad(self, kind: str, n: int = 1) -> None:
-        self.stats.counters[f"bad_input:{kind}"] += n
+        self.stats.counters[BAD_INPUT_PREFIX + kind] += n
 
     def read(self, uri: str, input_index: int) -> Iterator[Document]:
         """Yield the documents of one input; time spent downstream is not counted here."""
