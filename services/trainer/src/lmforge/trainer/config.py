@@ -33,6 +33,8 @@ class DataSection(StrictModel):
     seq_len: int = Field(256, ge=1)
     batch_size: int = Field(8, ge=1, description="sequences per rank per micro-step")
     verify_sha256: bool = True
+    cache_dir: str = Field("", description="where s3:// sources are synced to (default: RUN_DIR/data-cache)")
+    prefetch: int = Field(2, ge=0, description="batches prepared ahead in a background thread (0: none)")
 
 
 class OptimSection(StrictModel):
@@ -54,12 +56,36 @@ class ParallelSection(StrictModel):
     mixed_precision: bool = Field(True, description="bf16 params/compute, fp32 reduction; GPU only")
     activation_checkpointing: bool = False
     compile: bool = False
+    timeout_seconds: float = Field(600.0, gt=0, description="collective timeout: a hung peer ends the job")
 
 
 class CheckpointSection(StrictModel):
     every: int = Field(0, ge=0, description="save every N steps (0: only the final one)")
     keep: int = Field(3, ge=1, description="committed checkpoints kept")
     resume: bool = Field(True, description="continue from the newest committed checkpoint in run_dir")
+    async_save: bool = Field(True, description="write files in the background; the step waits only for staging")
+    save_best: bool = Field(True, description="also checkpoint each new best val loss; retention keeps it")
+
+
+class PreflightSection(StrictModel):
+    enabled: bool = Field(False, description="run the preflight checks before training starts")
+    payload_mb: float = Field(16.0, gt=0, description="all-reduce payload per rank")
+    iterations: int = Field(5, ge=1)
+    slow_factor: float = Field(3.0, gt=1, description="a rank this many times slower than the median fails")
+    min_bus_bandwidth_gbps: float = Field(0.0, ge=0, description="fail below this all-reduce bus bandwidth (0: off)")
+
+
+class MetricsSection(StrictModel):
+    port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics on rank 0 (0: off)")
+    peak_flops: float | None = Field(None, gt=0, description="per-device peak FLOP/s for MFU (default: detected)")
+
+
+class TrackingSection(StrictModel):
+    mlflow_tracking_uri: str | None = Field(None, description="enable MLflow, e.g. http://mlflow:5000 or file:///x")
+    mlflow_experiment: str = "lmforge"
+    wandb_project: str | None = Field(None, description="enable Weights & Biases")
+    wandb_mode: Literal["online", "offline"] = "online"
+    run_name: str | None = Field(None, description="default: the run directory's name")
 
 
 class TrainConfig(StrictModel):
@@ -68,6 +94,9 @@ class TrainConfig(StrictModel):
     optim: OptimSection = Field(default_factory=OptimSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    preflight: PreflightSection = Field(default_factory=PreflightSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
     steps: int = Field(100, ge=1)
     grad_accum: int = Field(1, ge=1)
     seed: int = 1234
