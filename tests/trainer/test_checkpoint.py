@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from lmforge.trainer.checkpoint import COMMIT_MARKER, committed_steps, step_dir
-from tests.trainer.helpers import random_output
+from tests.trainer.helpers import random_output, read_metrics
 
 STEPS = 20
 
@@ -30,7 +30,7 @@ def run(run_dir, data, *, nproc=1, mode="none", batch_size=8, kill_at=None, kill
     if kill_at is not None:
         env["LMFORGE_TRAINER_KILL_AT_STEP"] = str(kill_at)
         if kill_rank is not None:
-            env["LMFORGE_TRAINER_KILL_RANK"] = str(kill_rank)
+            env["LMFORGE_TRAINER_FAULT_RANK"] = str(kill_rank)
     if nproc == 1 and not restarts:
         command = [sys.executable, "-m", "lmforge.trainer", *overrides]
     else:
@@ -41,8 +41,7 @@ def run(run_dir, data, *, nproc=1, mode="none", batch_size=8, kill_at=None, kill
 
 def losses_by_step(run_dir) -> dict[int, float]:
     """The last logged loss of each step (a resumed run logs the redone steps again)."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records}
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +66,8 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(reference):
     run_dir = tmp / "killed"
     first = run(run_dir, data, kill_at=12)
     assert first.returncode != 0 and max(losses_by_step(run_dir)) == 11
-    assert committed_steps(run_dir / "checkpoints") == [4, 9]
+    # Saves are asynchronous: step 9's may still have been in flight when the process died.
+    assert committed_steps(run_dir / "checkpoints") in ([4], [4, 9])
     second = run(run_dir, data)
     assert second.returncode == 0, second.stderr[-2000:]
     got = losses_by_step(run_dir)
@@ -80,11 +80,12 @@ def test_half_written_checkpoint_is_ignored(reference):
     run_dir = tmp / "half"
     assert run(run_dir, data, kill_at=12).returncode != 0
     root = run_dir / "checkpoints"
+    committed = committed_steps(root)
     fake = step_dir(root, 11)
-    shutil.copytree(step_dir(root, 9), fake)
+    shutil.copytree(step_dir(root, committed[-1]), fake)
     (fake / COMMIT_MARKER).unlink()  # as if killed before the commit marker
     (fake / ".metadata").write_bytes(b"garbage")
-    assert committed_steps(root) == [4, 9]
+    assert committed_steps(root) == committed
     assert run(run_dir, data).returncode == 0
     got = losses_by_step(run_dir)
     assert max(abs(got[s] - expected[s]) for s in range(STEPS)) < 1e-6
@@ -104,7 +105,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank(reference_without_dropout):
     run_dir = tmp / "reshard"
     first = run(run_dir, data, nproc=2, mode="fsdp", batch_size=4, kill_at=12, dropout=0.0)
     assert first.returncode != 0
-    assert committed_steps(run_dir / "checkpoints") == [4, 9]
+    assert committed_steps(run_dir / "checkpoints") in ([4], [4, 9])
     second = run(run_dir, data, dropout=0.0)  # 1 rank, no parallelism, same global batch
     assert second.returncode == 0, second.stderr[-2000:]
     got = losses_by_step(run_dir)

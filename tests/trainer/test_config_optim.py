@@ -63,15 +63,15 @@ def test_nonfinite_losses_stop_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(GPT, "forward", poisoned)
     with pytest.raises(train_module.NonFiniteLossError, match="3 non-finite steps in a row"):
         train_module.train(config)
-    assert not (tmp_path / "run" / "metrics.jsonl").read_text()  # no step was taken
+    from tests.trainer.helpers import read_metrics
+
+    assert not read_metrics(tmp_path / "run")  # no step was taken
 
 
 def test_evaluation_on_val_shards_tracks_the_best(tmp_path):
-    import json
-
     from lmforge.trainer.config import TrainConfig
     from lmforge.trainer.train import train
-    from tests.trainer.helpers import random_output
+    from tests.trainer.helpers import random_output, read_metrics
 
     data = random_output(tmp_path / "data", train_tokens=20000)
     config = TrainConfig.model_validate({
@@ -80,8 +80,7 @@ def test_evaluation_on_val_shards_tracks_the_best(tmp_path):
         "optim": {"lr": 0.01, "warmup_steps": 2}, "steps": 30, "eval_every": 10, "eval_batches": 2,
         "run_dir": str(tmp_path / "run")})
     train(config)
-    evals = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
-             if "val_loss" in r]
+    evals = read_metrics(tmp_path / "run", "eval")
     assert [r["step"] for r in evals] == [9, 19, 29]
     assert evals[-1]["val_loss"] < evals[0]["val_loss"]
     assert evals[-1]["best_val_loss"] == min(r["val_loss"] for r in evals)

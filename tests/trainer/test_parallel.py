@@ -3,14 +3,13 @@ same global batch, step by step."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.trainer.helpers import random_output
+from tests.trainer.helpers import random_output, read_metrics
 
 STEPS = 20
 MODEL = ["model.overrides={n_layer: 2, n_head: 4, n_embd: 64, context_length: 32}"]
@@ -29,7 +28,7 @@ def run_trainer(tmp_path, name: str, nproc: int, mode: str, batch_size: int, dat
                    "-m", "lmforge.trainer", *overrides]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records] == list(range(STEPS))
     return [r["loss"] for r in records]
 

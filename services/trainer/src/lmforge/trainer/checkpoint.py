@@ -3,17 +3,29 @@
 Layout: RUN_DIR/checkpoints/step-00000042/
     *.distcp, .metadata        model + optimizer, sharded by DCP (reshardable on load)
     rng-rank00000.pt           each rank's RNG states
-    meta.json                  step, config, tokenizer hash (rank 0)
+    meta.json                  step, config, tokenizer hash, val loss (rank 0)
     COMMITTED                  written last, by rank 0, after every rank has finished
+RUN_DIR/checkpoints/best.json  {"step", "val_loss"} of the best committed checkpoint
 
 A directory without COMMITTED is an interrupted save: readers ignore it, and the next
-save of that step replaces it. Retention keeps the newest `keep` committed checkpoints.
+save of that step replaces it. Retention keeps the newest `keep` committed checkpoints
+plus the best one.
+
+Saves are asynchronous by default: the step blocks only while DCP stages the state into
+CPU memory; a background thread writes the files over a separate gloo group (so its
+collectives never interleave with training's). DCP's final gather completes on rank 0
+only after every rank's files are written, so rank 0 commits when its future is done.
+At most one save is in flight; the next save (and the end of training) waits for it.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -25,6 +37,7 @@ from lmforge.common.logging import get_logger
 from lmforge.common.storage import atomic_write_bytes
 
 COMMIT_MARKER = "COMMITTED"
+BEST_FILE = "best.json"
 _PREFIX = "step-"
 
 
@@ -32,14 +45,28 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"{_PREFIX}{step:08d}"
 
 
-def committed_steps(root: Path) -> list[int]:
+def _steps(root: Path, committed: bool) -> list[int]:
     if not root.exists():
         return []
-    steps = []
-    for path in root.iterdir():
-        if path.name.startswith(_PREFIX) and (path / COMMIT_MARKER).exists():
-            steps.append(int(path.name[len(_PREFIX) :]))
-    return sorted(steps)
+    return sorted(int(p.name[len(_PREFIX) :]) for p in root.iterdir()
+                  if p.name.startswith(_PREFIX) and (p / COMMIT_MARKER).exists() == committed)
+
+
+def committed_steps(root: Path) -> list[int]:
+    return _steps(root, committed=True)
+
+
+def best_checkpoint(root: Path) -> dict | None:
+    """{"step", "val_loss"} of the best committed checkpoint, or None."""
+    path = root / BEST_FILE
+    if not path.exists():
+        return None
+    best = json.loads(path.read_text())
+    return best if (step_dir(root, best["step"]) / COMMIT_MARKER).exists() else None
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _barrier() -> None:
@@ -47,39 +74,110 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+@dataclass
+class _Pending:
+    step: int
+    future: Future | None  # None: a synchronous save, already written
+    val_loss: float | None
+    is_best: bool
+    started: float
 
 
-def save(root: Path, step: int, model, optimizer, meta: dict, keep: int) -> Path:
-    """Save on every rank; returns the committed directory."""
-    path = step_dir(root, step)
-    if _rank() == 0 and path.exists():
-        shutil.rmtree(path)  # an interrupted earlier attempt at this step
-    _barrier()
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
-    rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-    torch.save(rng, path / f"rng-rank{_rank():05d}.pt")
-    _barrier()  # every rank's shards and RNG file are on disk
-    if _rank() == 0:
-        atomic_write_bytes(path / "meta.json", json.dumps({"step": step, **meta}, indent=1).encode())
-        atomic_write_bytes(path / COMMIT_MARKER, b"")
-        for old in committed_steps(root)[:-keep]:
-            shutil.rmtree(step_dir(root, old), ignore_errors=True)
-    _barrier()
-    get_logger("trainer", rank=_rank()).info("checkpoint_saved", step=step, path=str(path))
-    return path
+class Checkpointer:
+    """Saves (sync or async), commits and prunes; one per training run, on every rank."""
+
+    def __init__(self, root: Path, *, keep: int, async_save: bool, timeout_seconds: float = 600.0):
+        self.root = root
+        self.keep = keep
+        self.async_save = async_save
+        self.last_committed_step: int | None = None
+        self._pending: _Pending | None = None
+        self._log = get_logger("trainer", rank=_rank())
+        self._group = None
+        if async_save and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_seconds))
+
+    @property
+    def in_flight(self) -> bool:
+        return self._pending is not None
+
+    def save(self, step: int, model, optimizer, meta: dict, *, val_loss: float | None = None,
+             is_best: bool = False) -> float:
+        """Start saving `step` on every rank; returns the seconds the caller was blocked."""
+        started = time.perf_counter()
+        self.wait()
+        path = step_dir(self.root, step)
+        if _rank() == 0 and path.exists():
+            shutil.rmtree(path)  # an interrupted earlier attempt at this step
+        _barrier()
+        path.mkdir(parents=True, exist_ok=True)
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        rng = {"torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        torch.save(rng, path / f"rng-rank{_rank():05d}.pt")
+        if _rank() == 0:
+            record = {"step": step, **meta, "val_loss": val_loss, "best": is_best}
+            atomic_write_bytes(path / "meta.json", json.dumps(record, indent=1).encode())
+        future = None
+        if self.async_save:
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
+        else:
+            dcp.save(state, checkpoint_id=str(path))
+        self._pending = _Pending(step, future, val_loss, is_best, started)
+        if future is None:
+            self.wait()
+        return time.perf_counter() - started
+
+    def poll(self) -> int | None:
+        """Commit the in-flight save if it has finished; returns the step committed now."""
+        if self._pending is None or (self._pending.future is not None and not self._pending.future.done()):
+            return None
+        return self.wait()
+
+    def wait(self) -> int | None:
+        """Block until the in-flight save (if any) is written, then commit it."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        if pending.future is not None:
+            pending.future.result()  # raises if any rank failed to write
+        if pending.future is None:
+            _barrier()  # a synchronous save: every rank's files are on disk after this
+        if _rank() == 0:
+            self._commit(pending)
+        self.last_committed_step = pending.step
+        self._log.info("checkpoint_saved", step=pending.step, path=str(step_dir(self.root, pending.step)),
+                       seconds=round(time.perf_counter() - pending.started, 3), best=pending.is_best)
+        return pending.step
+
+    def _commit(self, pending: _Pending) -> None:
+        atomic_write_bytes(step_dir(self.root, pending.step) / COMMIT_MARKER, b"")
+        if pending.is_best:
+            best = {"step": pending.step, "val_loss": pending.val_loss}
+            atomic_write_bytes(self.root / BEST_FILE, json.dumps(best).encode())
+        best = best_checkpoint(self.root)
+        for old in committed_steps(self.root)[: -self.keep]:
+            if best is None or old != best["step"]:
+                shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+        for stale in _steps(self.root, committed=False):
+            if stale < pending.step:  # interrupted saves that a newer commit supersedes
+                shutil.rmtree(step_dir(self.root, stale), ignore_errors=True)
+
+    def close(self) -> None:
+        self.wait()
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
 
 
-def load_latest(root: Path, model, optimizer) -> int | None:
-    """Load the newest committed checkpoint into model and optimizer; returns its step
-    (the next step to run is step + 1), or None when there is none."""
+def load_latest(root: Path, model, optimizer) -> dict | None:
+    """Load the newest committed checkpoint into model and optimizer; returns its meta.json
+    (the next step to run is meta["step"] + 1), or None when there is none."""
     steps = committed_steps(root)
     if not steps:
         return None
-    step = steps[-1]
-    path = step_dir(root, step)
+    path = step_dir(root, steps[-1])
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(path))
@@ -90,5 +188,6 @@ def load_latest(root: Path, model, optimizer) -> int | None:
         torch.set_rng_state(rng["torch"])
         if rng["cuda"]:
             torch.cuda.set_rng_state_all(rng["cuda"])
-    get_logger("trainer", rank=_rank()).info("checkpoint_loaded", step=step, path=str(path))
-    return step
+    meta = json.loads((path / "meta.json").read_text())
+    get_logger("trainer", rank=_rank()).info("checkpoint_loaded", step=meta["step"], path=str(path))
+    return meta

@@ -44,8 +44,9 @@ def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
             raise ConfigError(f"parallel.mode is 'none' but {world_size} processes were started")
         return Dist(0, 1, 0, device, None)
     if not dist.is_initialized():
+        # On GPU the timeout is also the NCCL watchdog's: a hung peer ends the job instead of stalling it.
         dist.init_process_group("nccl" if use_cuda else "gloo", store=_attempt_store(rank, world_size),
-                                rank=rank, world_size=world_size)
+                                rank=rank, world_size=world_size, timeout=timedelta(seconds=parallel.timeout_seconds))
     mesh = None
     if parallel.mode in ("fsdp", "hsdp"):
         if parallel.mode == "hsdp":
@@ -110,3 +111,13 @@ def all_reduce_mean(value: torch.Tensor, ctx: Dist) -> torch.Tensor:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         value /= ctx.world_size
     return value
+
+
+def autocast_context(parallel: ParallelSection, ctx: Dist):
+    """bf16 compute on GPU for none/DDP (FSDP gets it from its MixedPrecisionPolicy instead);
+    parameters and gradient reduction stay fp32."""
+    from contextlib import nullcontext
+
+    if parallel.mixed_precision and ctx.device.type == "cuda" and parallel.mode in ("none", "ddp"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()

@@ -1,0 +1,143 @@
+"""Training telemetry: the Prometheus endpoint on rank 0 with DESIGN.md's names and per-rank
+gauges, step records (MFU, mixture, per-rank figures), FSDP's memory saving over DDP, and
+a hung peer ending the job at the collective timeout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.trainer.helpers import random_output, read_metrics
+
+DESIGN_NAMES = ["lmforge_train_step", "lmforge_train_loss", "lmforge_train_grad_norm", "lmforge_train_learning_rate",
+                "lmforge_train_tokens_per_second", "lmforge_train_mfu_ratio", "lmforge_train_step_seconds",
+                "lmforge_train_data_wait_seconds", "lmforge_train_nonfinite_steps_total",
+                "lmforge_train_peak_memory_bytes", "lmforge_train_last_checkpoint_step"]
+SMALL = "model.overrides={n_layer: 2, n_head: 4, n_embd: 64, context_length: 32}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(run_dir, data, *extra, nproc=2, mode="ddp", env_extra=None, model=SMALL) -> subprocess.Popen:
+    overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", "data.batch_size=4", f"parallel.mode={mode}",
+                 "optim.warmup_steps=2", f"run_dir={run_dir}", model, *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "lmforge.trainer", *overrides]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    _, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stderr
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return random_output(tmp_path_factory.mktemp("telemetry") / "data")
+
+
+def scrape(port: int) -> dict[str, list]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+@pytest.mark.slow
+def test_rank_zero_serves_design_metrics_with_per_rank_gauges(tmp_path, data):
+    port = free_port()
+    process = launch(tmp_path / "run", data, "steps=100000", f"metrics.port={port}", "metrics.peak_flops=1e11",
+                     "checkpoint.every=2")
+    try:
+        samples, deadline = {}, time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                samples = scrape(port)
+            except OSError:
+                samples = {}
+            if samples and samples["lmforge_train_last_checkpoint_step"][0].value >= 1 \
+                    and samples["lmforge_train_step"][0].value >= 5:
+                break
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            time.sleep(0.2)
+    finally:
+        process.terminate()
+        process.communicate(timeout=60)
+    missing = [name for name in DESIGN_NAMES if name not in samples]
+    assert not missing, missing
+    assert samples["lmforge_train_step"][0].value >= 5
+    assert samples["lmforge_train_last_checkpoint_step"][0].value >= 1
+    assert 0 < samples["lmforge_train_mfu_ratio"][0].value < 1
+    for name in ("lmforge_train_step_seconds", "lmforge_train_data_wait_seconds", "lmforge_train_peak_memory_bytes"):
+        assert sorted(s.labels["rank"] for s in samples[name]) == ["0", "1"], name
+    assert min(s.value for s in samples["lmforge_train_peak_memory_bytes"]) > 10 * 2**20
+
+
+def test_step_records_carry_mfu_memory_and_the_realized_mixture(tmp_path):
+    from lmforge.trainer.config import TrainConfig
+    from lmforge.trainer.train import train
+
+    web = random_output(tmp_path / "web", seed=1)
+    code = random_output(tmp_path / "code", seed=2)
+    config = TrainConfig.model_validate({
+        "data": {"sources": [{"path": str(web), "weight": 3}, {"path": str(code), "weight": 1}], "seq_len": 16,
+                 "batch_size": 8},
+        "model": {"overrides": {"n_layer": 1, "n_embd": 32, "n_head": 2, "context_length": 16}},
+        "steps": 40, "metrics": {"peak_flops": 1e12}, "run_dir": str(tmp_path / "run")})
+    train(config)
+    steps = read_metrics(tmp_path / "run")
+    last = steps[-1]
+    assert last["mfu"] == pytest.approx(last["flops_per_second"] / 1e12)
+    assert last["mixture"]["web"] == pytest.approx(0.75, abs=0.08)
+    assert last["mixture"]["code"] == pytest.approx(0.25, abs=0.08)
+    assert len(last["ranks"]) == 1 and last["ranks"][0]["peak_memory_bytes"] > 0
+    memory = read_metrics(tmp_path / "run", "memory")[0]
+    assert memory["total"] == memory["params"] + memory["grads"] + memory["optimizer"] > 0
+
+
+@pytest.mark.slow
+def test_a_slow_data_rank_shows_in_its_own_data_wait(tmp_path, data):
+    process = launch(tmp_path / "run", data, "steps=6", "data.prefetch=0",
+                     env_extra={"LMFORGE_TRAINER_SLOW_DATA_SECONDS": "0.3", "LMFORGE_TRAINER_FAULT_RANK": "1"})
+    code, stderr = finish(process)
+    assert code == 0, stderr[-3000:]
+    ranks = read_metrics(tmp_path / "run")[-1]["ranks"]
+    assert ranks[1]["data_wait_seconds"] >= 0.3 > ranks[0]["data_wait_seconds"] + 0.2
+
+
+@pytest.mark.slow
+def test_fsdp_holds_at_most_55_percent_of_ddp_state_per_rank(tmp_path, data):
+    model = "model.overrides={n_layer: 4, n_head: 4, n_embd: 128, context_length: 32}"
+    totals = {}
+    for mode in ("ddp", "fsdp"):
+        code, stderr = finish(launch(tmp_path / mode, data, "steps=2", model=model, mode=mode))
+        assert code == 0, stderr[-3000:]
+        totals[mode] = read_metrics(tmp_path / mode, "memory")[0]
+    for part in ("params", "grads", "optimizer"):
+        assert totals["fsdp"][part] <= 0.55 * totals["ddp"][part], (part, totals)
+    assert totals["fsdp"]["total"] <= 0.55 * totals["ddp"]["total"]
+
+
+@pytest.mark.slow
+def test_a_hung_peer_ends_the_job_at_the_collective_timeout(tmp_path, data):
+    started = time.monotonic()
+    process = launch(tmp_path / "run", data, "steps=20", "parallel.timeout_seconds=5",
+                     env_extra={"LMFORGE_TRAINER_HANG_AT_STEP": "3", "LMFORGE_TRAINER_FAULT_RANK": "1"})
+    code, stderr = finish(process, timeout=120)
+    assert code != 0
+    assert time.monotonic() - started < 90
+    assert "timed out" in stderr.lower() or "timeout" in stderr.lower(), stderr[-3000:]
