@@ -40,8 +40,9 @@ def test_bad_config_names_the_field(tmp_path, capsys):
         load_train_config(None, ["data.sources=[{path: x}]", "model.overrides={n_embd: 30, n_head: 4}"])
     with pytest.raises(ConfigError, match="parallel.mode"):
         load_train_config(None, ["data.sources=[{path: x}]", "parallel.mode=zero3"])
-    assert main(["data.sources=[{path: " + str(tmp_path) + "}]"]) == 2
+    assert main(["data.sources=[{path: " + str(tmp_path) + "}]", f"run_dir={tmp_path / 'run'}"]) == 2
     assert "no manifest.json" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing written for a run that cannot start
 
 
 def test_nonfinite_losses_stop_the_run(tmp_path, monkeypatch):

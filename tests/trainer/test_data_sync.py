@@ -110,3 +110,25 @@ def test_local_paths_pass_through_and_only_local_rank_0_downloads(s3, tmp_path):
     assert not cache.exists()  # local rank 1 waits for rank 0 and downloads nothing
     with pytest.raises(ConfigError, match="neither a local path nor an s3:// URI"):
         local_source_path("https://example.com/data", cache)
+
+
+@pytest.mark.slow
+def test_two_ranks_train_from_an_s3_source(s3, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.trainer.helpers import read_metrics
+
+    _, make_bucket = s3
+    upload(make_bucket("lmf-train"), "lmf-train", random_output(tmp_path / "prepared"), "prep")
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "lmforge.trainer", "data.sources=[{path: 's3://lmf-train/prep'}]", "data.seq_len=16",
+               "parallel.mode=ddp", "steps=3", f"run_dir={run_dir}",
+               "model.overrides={n_layer: 1, n_head: 2, n_embd: 32, context_length: 16}"]
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert (run_dir / "data-cache" / "lmf-train" / "prep" / "manifest.json").exists()

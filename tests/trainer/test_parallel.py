@@ -3,6 +3,7 @@ same global batch, step by step."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,3 +52,29 @@ def test_two_ranks_match_one(reference, mode):
     tmp, data, single = reference
     losses = run_trainer(tmp, mode, 2, mode, 4, data)
     assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-4, list(zip(single, losses))
+
+
+@pytest.mark.slow
+def test_two_nodes_rendezvous_from_the_training_operator_environment(tmp_path):
+    """Two torchrun agents ("pods") configured only by the PET_* variables that the Kubeflow
+    Training Operator injects, as the PyTorchJob's Master and Worker run them."""
+    import socket
+
+    data = random_output(tmp_path / "data")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", "data.batch_size=4", "parallel.mode=ddp",
+                 "steps=3", f"run_dir={tmp_path / 'run'}", *MODEL]
+    pods = []
+    for node_rank in (0, 1):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1",
+               "PET_NODE_RANK": str(node_rank), "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
+        command = [sys.executable, "-m", "torch.distributed.run", "-m", "lmforge.trainer", *overrides]
+        pods.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outputs = [pod.communicate(timeout=180) for pod in pods]
+    for pod, (_, stderr) in zip(pods, outputs, strict=True):
+        assert pod.returncode == 0, stderr[-3000:]
+    starts = [json.loads(line) for out, _ in outputs for line in out.splitlines() if '"train_start"' in line]
+    assert [s["world_size"] for s in starts] == [2, 2]
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2]

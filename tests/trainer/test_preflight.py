@@ -135,5 +135,4 @@ def test_training_with_preflight_enabled_stops_before_the_first_step(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode != 0
     assert "device check failed on rank 1" in result.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
-    assert not [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert not (tmp_path / "run").exists()  # stopped before anything was written

@@ -29,6 +29,7 @@ from lmforge.trainer.optim import build_optimizer, learning_rate
 from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
+from lmforge.trainer.tracking import open_trackers
 
 
 class NonFiniteLossError(LmforgeError):
@@ -103,19 +104,19 @@ class Run:
         if config.metrics.port:
             port = self.prometheus.serve(config.metrics.port)
             self.log.info("metrics_serving", port=port)
-        if config.tracking.mlflow_tracking_uri or config.tracking.wandb_project:
-            from lmforge.trainer.tracking import open_trackers  # imports mlflow/wandb: only when asked for
-
-            self.trackers = open_trackers(config.tracking, config.model_dump(mode="json"), run_dir)
+        self.trackers = open_trackers(config.tracking, config.model_dump(mode="json"), run_dir)
 
     def record(self, kind: str, record: dict, *, console: bool = True) -> None:
         if console:
             self.log.info(kind, **record)
         if self.file:
             self.file.write({"kind": kind, **record})
-        if self.trackers and "step" in record:
-            numeric = {k: v for k, v in record.items() if k != "step" and isinstance(v, int | float)}
-            self.trackers.log(record["step"], numeric)
+        if self.trackers and kind in ("step", "eval"):
+            self.trackers.log(record["step"], {k: v for k, v in record.items() if k != "step"})
+
+    def checkpoint_committed(self, step: int | None) -> None:
+        if self.prometheus and step is not None:
+            self.prometheus.last_checkpoint.set(step)
 
     def close(self, failed: bool) -> None:
         if self.trackers:
@@ -129,24 +130,24 @@ class Run:
 def train(config: TrainConfig) -> list[float]:
     """Train for config.steps; returns the per-step (all-rank mean) losses of this process's steps."""
     ctx = init_distributed(config.device, config.parallel)
-    failed, run = True, None
     try:
-        run = Run(config, ctx)
         if config.preflight.enabled:
             run_preflight(ctx, config.preflight, timedelta(seconds=config.parallel.timeout_seconds))
-        losses = _train(config, ctx, run)
-        failed = False
-        return losses
-    finally:
-        if run:
+        paths = local_sources(config, ctx)
+        sampler = build_sampler(config, paths)  # bad data fails here, before the run directory is touched
+        run, failed = Run(config, ctx), True
+        try:
+            losses = _train(config, ctx, run, paths, sampler)
+            failed = False
+            return losses
+        finally:
             run.close(failed)
+    finally:
         if ctx.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(config: TrainConfig, ctx: Dist, run: Run) -> list[float]:
-    paths = local_sources(config, ctx)
-    sampler = build_sampler(config, paths)
+def _train(config: TrainConfig, ctx: Dist, run: Run, paths: list[Path], sampler: MixtureSampler) -> list[float]:
     model_config = config.model.build(vocab_size=sampler.sources[0].vocab_size)
     torch.manual_seed(config.seed)  # same initial weights on every rank
     model = GPT(model_config).to(ctx.device)
@@ -167,8 +168,7 @@ def _train(config: TrainConfig, ctx: Dist, run: Run) -> list[float]:
     start_step, best_val = 0, math.inf
     if config.checkpoint.resume and (loaded := load_latest(checkpoints, model, optimizer)) is not None:
         start_step = loaded["step"] + 1
-        if run.prometheus:
-            run.prometheus.last_checkpoint.set(loaded["step"])
+        run.checkpoint_committed(loaded["step"])
         best = best_checkpoint(checkpoints)
         best_val = best["val_loss"] if best else math.inf
     val_sampler = build_sampler(config, paths, "val") if config.eval_every else None
@@ -246,11 +246,10 @@ def _train(config: TrainConfig, ctx: Dist, run: Run) -> list[float]:
                 run.log.info("checkpoint_started", step=step, stall_seconds=round(stall, 4), best=improved)
                 if run.prometheus:
                     run.prometheus.checkpoint_stall.set(stall)
-            if checkpointer.poll() is not None and run.prometheus:
-                run.prometheus.last_checkpoint.set(checkpointer.last_committed_step)
+            checkpointer.poll()
+            run.checkpoint_committed(checkpointer.last_committed_step)
         checkpointer.close()
-        if run.prometheus and checkpointer.last_committed_step is not None:
-            run.prometheus.last_checkpoint.set(checkpointer.last_committed_step)
+        run.checkpoint_committed(checkpointer.last_committed_step)
     finally:
         prefetcher.close()
     return losses
