@@ -12,8 +12,9 @@ save of that step replaces it. Retention keeps the newest `keep` committed check
 plus the best one.
 
 Saves are asynchronous by default: the step blocks only while DCP stages the state into
-CPU memory; a background thread writes the files over a separate gloo group (so its
-collectives never interleave with training's). DCP's final gather completes on rank 0
+CPU memory (buffers kept from one save to the next, pinned on GPU); a background thread
+writes the files over a separate gloo group (so its collectives never interleave with
+training's). DCP's final gather completes on rank 0
 only after every rank's files are written, so rank 0 commits when its future is done.
 At most one save is in flight; the next save (and the end of training) waits for it.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from lmforge.common.logging import get_logger
@@ -93,9 +95,14 @@ class Checkpointer:
         self.last_committed_step: int | None = None
         self._pending: _Pending | None = None
         self._log = get_logger("trainer", rank=_rank())
-        self._group = None
-        if async_save and dist.is_initialized():
-            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_seconds))
+        self._group = self._stager = None
+        if async_save:
+            cuda = torch.cuda.is_available()
+            # One stager for the whole run: it keeps its CPU copies of the state and refills them.
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=cuda))
+            if dist.is_initialized():
+                self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_seconds))
 
     @property
     def in_flight(self) -> bool:
@@ -121,7 +128,8 @@ class Checkpointer:
             atomic_write_bytes(path / "meta.json", json.dumps(record, indent=1).encode())
         future = None
         if self.async_save:
-            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group,
+                                    async_stager=self._stager)
         else:
             dcp.save(state, checkpoint_id=str(path))
         self._pending = _Pending(step, future, val_loss, is_best, started)
@@ -166,6 +174,9 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
         if self._group is not None:
             dist.destroy_process_group(self._group)
             self._group = None
