@@ -16,11 +16,11 @@ STEPS = 20
 MODEL = ["model.overrides={n_layer: 2, n_head: 4, n_embd: 64, context_length: 32}"]
 
 
-def run_trainer(tmp_path, name: str, nproc: int, mode: str, batch_size: int, data) -> list[float]:
+def run_trainer(tmp_path, name: str, nproc: int, mode: str, batch_size: int, data, *extra: str) -> list[float]:
     run_dir = tmp_path / name
     overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"data.batch_size={batch_size}",
                  f"parallel.mode={mode}", f"steps={STEPS}", "optim.warmup_steps=2", "optim.lr=0.003",
-                 f"run_dir={run_dir}", *MODEL]
+                 f"run_dir={run_dir}", *MODEL, *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if nproc == 1:
         command = [sys.executable, "-m", "lmforge.trainer", *overrides]
@@ -47,10 +47,32 @@ def test_single_process_learns(reference):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_ranks_match_one(reference, mode):
+@pytest.mark.parametrize(("name", "mode", "extra"), [
+    ("ddp", "ddp", []),
+    ("fsdp", "fsdp", []),
+    ("shard-grad-op", "fsdp", ["parallel.reshard_after_forward=false"]),
+    ("hsdp", "hsdp", ["parallel.replicate_degree=2"]),  # 2 replicas x 1 shard: the 2-D mesh path
+])
+def test_two_ranks_match_one(reference, name, mode, extra):
     tmp, data, single = reference
-    losses = run_trainer(tmp, mode, 2, mode, 4, data)
+    losses = run_trainer(tmp, name, 2, mode, 4, data, *extra)
+    assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-4, list(zip(single, losses))
+
+
+@pytest.mark.parametrize(("name", "batch_size", "extra"), [
+    ("grad-accum", 4, ["grad_accum=2"]),  # 2 micro-batches of 4 = the same 8 sequences per step
+    ("activation-checkpointing", 8, ["parallel.activation_checkpointing=true"]),
+])
+def test_single_process_variants_match(reference, name, batch_size, extra):
+    tmp, data, single = reference
+    losses = run_trainer(tmp, name, 1, "none", batch_size, data, *extra)
+    assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-5, list(zip(single, losses))
+
+
+@pytest.mark.slow
+def test_compiled_model_matches_eager(reference):
+    tmp, data, single = reference
+    losses = run_trainer(tmp, "compiled", 1, "none", 8, data, "parallel.compile=true")
     assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-4, list(zip(single, losses))
 
 

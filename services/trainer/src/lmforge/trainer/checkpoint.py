@@ -1,4 +1,5 @@
-"""Sharded checkpoints with torch.distributed.checkpoint (DCP) and a commit marker.
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP) and a commit marker
+(the layout and protocol: lmforge.common.checkpoint_layout).
 
 Layout: RUN_DIR/checkpoints/step-00000042/
     *.distcp, .metadata        model + optimizer, sharded by DCP (reshardable on load)
@@ -35,36 +36,16 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from lmforge.common.checkpoint_layout import (
+    BEST_FILE,
+    COMMIT_MARKER,
+    best_checkpoint,
+    committed_steps,
+    step_dir,
+    step_dirs,
+)
 from lmforge.common.logging import get_logger
 from lmforge.common.storage import atomic_write_bytes
-
-COMMIT_MARKER = "COMMITTED"
-BEST_FILE = "best.json"
-_PREFIX = "step-"
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"{_PREFIX}{step:08d}"
-
-
-def _steps(root: Path, committed: bool) -> list[int]:
-    if not root.exists():
-        return []
-    return sorted(int(p.name[len(_PREFIX) :]) for p in root.iterdir()
-                  if p.name.startswith(_PREFIX) and (p / COMMIT_MARKER).exists() == committed)
-
-
-def committed_steps(root: Path) -> list[int]:
-    return _steps(root, committed=True)
-
-
-def best_checkpoint(root: Path) -> dict | None:
-    """{"step", "val_loss"} of the best committed checkpoint, or None."""
-    path = root / BEST_FILE
-    if not path.exists():
-        return None
-    best = json.loads(path.read_text())
-    return best if (step_dir(root, best["step"]) / COMMIT_MARKER).exists() else None
 
 
 def _rank() -> int:
@@ -168,7 +149,7 @@ class Checkpointer:
         for old in committed_steps(self.root)[: -self.keep]:
             if best is None or old != best["step"]:
                 shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
-        for stale in _steps(self.root, committed=False):
+        for stale in step_dirs(self.root, committed=False):
             if stale < pending.step:  # interrupted saves that a newer commit supersedes
                 shutil.rmtree(step_dir(self.root, stale), ignore_errors=True)
 
