@@ -97,3 +97,18 @@ def test_nothing_committed_loads_nothing(tmp_path):
     model, optimizer = model_and_optimizer()
     step_dir(tmp_path, 9).mkdir(parents=True)  # a save that never committed
     assert load_latest(tmp_path, model, optimizer) is None
+
+
+def test_with_a_sidecar_retention_deletes_only_uploaded_checkpoints(tmp_path):
+    from lmforge.common.checkpoint_layout import UPLOADED_MARKER
+
+    model, optimizer = model_and_optimizer()
+    checkpointer = Checkpointer(tmp_path, keep=1, async_save=False, purge_requires_upload=True)
+    checkpointer.save(1, model, optimizer, {})
+    checkpointer.save(2, model, optimizer, {})
+    assert committed_steps(tmp_path) == [1, 2]  # step 1 is not uploaded yet: kept
+    (step_dir(tmp_path, 1) / UPLOADED_MARKER).write_bytes(b"")
+    (step_dir(tmp_path, 2) / UPLOADED_MARKER).write_bytes(b"")
+    checkpointer.save(3, model, optimizer, {})
+    checkpointer.close()
+    assert committed_steps(tmp_path) == [3]

@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from lmforge.common.checkpoint_layout import (
     BEST_FILE,
     COMMIT_MARKER,
+    UPLOADED_MARKER,
     best_checkpoint,
     committed_steps,
     step_dir,
@@ -69,9 +70,11 @@ class _Pending:
 class Checkpointer:
     """Saves (sync or async), commits and prunes; one per training run, on every rank."""
 
-    def __init__(self, root: Path, *, keep: int, async_save: bool, timeout_seconds: float = 600.0):
+    def __init__(self, root: Path, *, keep: int, async_save: bool, timeout_seconds: float = 600.0,
+                 purge_requires_upload: bool = False):
         self.root = root
         self.keep = keep
+        self.purge_requires_upload = purge_requires_upload
         self.async_save = async_save
         self.last_committed_step: int | None = None
         self._pending: _Pending | None = None
@@ -147,8 +150,13 @@ class Checkpointer:
             atomic_write_bytes(self.root / BEST_FILE, json.dumps(best).encode())
         best = best_checkpoint(self.root)
         for old in committed_steps(self.root)[: -self.keep]:
-            if best is None or old != best["step"]:
-                shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+            if best is not None and old == best["step"]:
+                continue
+            if self.purge_requires_upload and not (step_dir(self.root, old) / UPLOADED_MARKER).exists():
+                continue  # the sidecar has not published it yet; it frees the disk itself later
+            # The marker first: a deletion cut short never leaves half a checkpoint that looks whole.
+            (step_dir(self.root, old) / COMMIT_MARKER).unlink(missing_ok=True)
+            shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
         for stale in step_dirs(self.root, committed=False):
             if stale < pending.step:  # interrupted saves that a newer commit supersedes
                 shutil.rmtree(step_dir(self.root, stale), ignore_errors=True)

@@ -164,7 +164,8 @@ def _train(config: TrainConfig, ctx: Dist, run: Run, paths: list[Path], sampler:
     meta = {"config": config.model_dump(mode="json"), "tokenizer_sha256": sampler.sources[0].tokenizer_sha256,
             "world_size": ctx.world_size}
     checkpointer = Checkpointer(checkpoints, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save,
-                                timeout_seconds=config.parallel.timeout_seconds)
+                                timeout_seconds=config.parallel.timeout_seconds,
+                                purge_requires_upload=config.checkpoint.purge_requires_upload)
     start_step, best_val = 0, math.inf
     if config.checkpoint.resume and (loaded := load_latest(checkpoints, model, optimizer)) is not None:
         start_step = loaded["step"] + 1

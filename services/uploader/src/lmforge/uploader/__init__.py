@@ -1,0 +1,1 @@
+"""lmforge checkpoint-uploader sidecar."""

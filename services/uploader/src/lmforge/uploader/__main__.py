@@ -1,0 +1,5 @@
+import sys
+
+from lmforge.uploader.cli import main
+
+sys.exit(main())

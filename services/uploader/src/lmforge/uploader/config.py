@@ -1,0 +1,39 @@
+"""Uploader configuration (pydantic; YAML, then LMFORGE_UPLOADER__… env, then key=value)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from lmforge.common.config import StrictModel, load_config
+
+ENV_PREFIX = "LMFORGE_UPLOADER"
+MIB = 1 << 20
+
+
+class TransferSection(StrictModel):
+    part_size_mb: int = Field(64, ge=5, le=5120, description="multipart part size (S3 minimum 5 MiB)")
+    concurrency: int = Field(8, ge=1, le=64, description="parts in flight at once")
+    max_attempts: int = Field(8, ge=1, description="tries per request before the upload fails")
+    backoff_seconds: float = Field(0.2, gt=0, description="first retry delay; doubles, with full jitter")
+    backoff_max_seconds: float = Field(20.0, gt=0)
+    connect_timeout_seconds: float = Field(10.0, gt=0)
+    read_timeout_seconds: float = Field(60.0, gt=0)
+
+    @property
+    def part_size(self) -> int:
+        return self.part_size_mb * MIB
+
+
+class UploaderConfig(StrictModel):
+    transfer: TransferSection = Field(default_factory=TransferSection)
+    poll_seconds: float = Field(2.0, gt=0, description="how often the checkpoint directory is scanned")
+    keep: int = Field(3, ge=1, description="checkpoints kept in the object store, plus the best")
+    free_disk_above: float | None = Field(
+        None, gt=0, lt=1, description="delete uploaded local checkpoints (never the newest) above this volume usage")
+    grace_seconds: float = Field(30.0, ge=0, description="on SIGTERM: time to finish the upload in flight")
+    retry_failed_after_seconds: float = Field(30.0, ge=0, description="wait before retrying a failed checkpoint")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics (0: off)")
+
+
+def load_uploader_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> UploaderConfig:
+    return load_config(UploaderConfig, path, overrides, env_prefix=ENV_PREFIX)

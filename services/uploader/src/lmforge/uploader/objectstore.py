@@ -1,0 +1,303 @@
+"""The destination of checkpoints: an s3:// prefix (boto3, any S3-compatible endpoint) or a
+file:// directory, with the few operations the uploader and restore need.
+
+S3 uploads are multipart above one part size: parts go in parallel, each with a CRC32
+checksum that S3 verifies; a failed or cancelled upload is aborted, so no parts are left
+behind. Downloads of large objects are parallel ranged GETs. Every request goes through
+the RetryPolicy (botocore's own retries are off so that policy is the only one).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from botocore.exceptions import ClientError
+
+from lmforge.common.errors import ConfigError, StorageError
+from lmforge.common.storage import atomic_write_bytes
+from lmforge.uploader.config import TransferSection
+from lmforge.uploader.retry import Cancelled, RetryPolicy
+
+Progress = Callable[[int], None]
+
+
+class HasIsSet(Protocol):
+    """A cancellation flag: a threading.Event, or anything else with is_set()."""
+
+    def is_set(self) -> bool: ...
+
+
+def _crc32_b64(data) -> str:
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def _error_code(exc: ClientError) -> str:
+    return exc.response.get("Error", {}).get("Code", "")
+
+
+class S3Destination:
+    def __init__(self, uri: str, transfer: TransferSection, retry: RetryPolicy, endpoint_url: str | None = None):
+        import boto3
+        from botocore.config import Config
+
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ConfigError(f"destination {uri!r}: expected s3://BUCKET/PREFIX or file:///PATH")
+        self.uri = uri.rstrip("/")
+        self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+        self.transfer, self.retry = transfer, retry
+        config = Config(retries={"total_max_attempts": 1, "mode": "standard"},
+                        max_pool_connections=transfer.concurrency + 4,
+                        connect_timeout=transfer.connect_timeout_seconds, read_timeout=transfer.read_timeout_seconds,
+                        # Integrity comes from the CRC32 of each part (checked by S3) and the manifest's
+                        # sha256 (checked by restore): hashing every byte again to sign it adds nothing.
+                        s3={"payload_signing_enabled": False})
+        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        self.parts = ThreadPoolExecutor(transfer.concurrency, thread_name_prefix="lmforge-part")
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def check(self) -> None:
+        """Fail fast, with the reason, when the bucket is missing or not ours to write."""
+        try:
+            RetryPolicy(attempts=3, base_seconds=0.2).call("head_bucket", lambda: self.client.head_bucket(
+                Bucket=self.bucket))
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code in ("404", "NoSuchBucket"):
+                raise StorageError(f"{self.uri}: bucket {self.bucket!r} does not exist") from exc
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                raise StorageError(f"{self.uri}: access denied to bucket {self.bucket!r} ({code}); check the "
+                                   "credentials (AWS_* env, profile, or the pod's IAM role)") from exc
+            raise StorageError(f"{self.uri}: {exc}") from exc
+        except Exception as exc:
+            raise StorageError(f"{self.uri}: cannot reach the object store ({type(exc).__name__}: {exc})") from exc
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get_bytes(self, rel: str) -> bytes | None:
+        def get():
+            try:
+                return self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read()
+            except ClientError as exc:
+                if _error_code(exc) in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        return self.retry.call(f"get {rel}", get)
+
+    def list(self, rel_prefix: str) -> dict[str, int]:
+        """Every object under rel_prefix: relative key → size."""
+        found: dict[str, int] = {}
+        paginator = self.client.get_paginator("list_objects_v2")
+        base = self.key(rel_prefix)
+
+        def page_all():
+            found.clear()
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
+                for item in page.get("Contents", []):
+                    found[item["Key"][len(self.key("")) :]] = item["Size"]
+            return found
+
+        return self.retry.call(f"list {rel_prefix}", page_all)
+
+    def download(self, rel: str, target: Path, size: int, progress: Progress | None = None) -> None:
+        """Ranged GETs in parallel, written in place into `target` (the caller's temp file)."""
+        part = self.transfer.part_size
+        with open(target, "wb") as fh:
+            fh.truncate(size)
+        fd = os.open(target, os.O_WRONLY)
+        try:
+            def fetch(start: int) -> None:
+                end = min(size, start + part) - 1
+
+                def get():
+                    body = self.client.get_object(Bucket=self.bucket, Key=self.key(rel), Range=f"bytes={start}-{end}")
+                    data = body["Body"].read()
+                    if len(data) != end - start + 1:
+                        raise StorageError(f"{rel}: short read at {start}")
+                    return data
+
+                data = self.retry.call(f"get {rel}@{start}", get)
+                os.pwrite(fd, data, start)
+                if progress:
+                    progress(len(data))
+
+            for future in [self.parts.submit(fetch, start) for start in range(0, size, part)]:
+                future.result()
+        finally:
+            os.close(fd)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def put_bytes(self, rel: str, data: bytes, sha256: str | None = None) -> None:
+        metadata = {"sha256": sha256} if sha256 else {}
+        self.retry.call(f"put {rel}", lambda: self.client.put_object(
+            Bucket=self.bucket, Key=self.key(rel), Body=data, ChecksumCRC32=_crc32_b64(data), Metadata=metadata))
+
+    def head_sha256(self, rel: str) -> str | None:
+        """The sha256 this uploader recorded on the object (None: absent or not ours)."""
+        def head():
+            try:
+                return self.client.head_object(Bucket=self.bucket, Key=self.key(rel))["Metadata"].get("sha256")
+            except ClientError as exc:
+                if _error_code(exc) in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        return self.retry.call(f"head {rel}", head)
+
+    def upload_file(self, path: Path, rel: str, cancel: HasIsSet, progress: Progress | None = None,
+                    sha256: str | None = None) -> None:
+        if cancel.is_set():
+            raise Cancelled(rel)
+        size = path.stat().st_size
+        if size <= self.transfer.part_size:
+            data = path.read_bytes()
+            self.put_bytes(rel, data, sha256)
+            if progress:
+                progress(size)
+            return
+        key = self.key(rel)
+        metadata = {"sha256": sha256} if sha256 else {}
+        upload_id = self.retry.call(f"create {rel}", lambda: self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32", Metadata=metadata))["UploadId"]
+        try:
+            parts = self._upload_parts(path, key, upload_id, size, cancel, progress)
+            self.retry.call(f"complete {rel}", lambda: self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
+        except BaseException:
+            self.abort(key, upload_id)
+            raise
+
+    def _upload_parts(self, path: Path, key: str, upload_id: str, size: int, cancel: HasIsSet,
+                      progress: Progress | None) -> list[dict]:
+        part_size = self.transfer.part_size
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            def send(number: int) -> dict:
+                if cancel.is_set():
+                    raise Cancelled(key)
+                offset = (number - 1) * part_size
+                data = os.pread(fd, min(part_size, size - offset), offset)
+                checksum = _crc32_b64(data)
+                response = self.retry.call(f"part {number} of {key}", lambda: self.client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data,
+                    ChecksumCRC32=checksum))
+                if progress:
+                    progress(len(data))
+                return {"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32": checksum}
+
+            futures = [self.parts.submit(send, n) for n in range(1, (size + part_size - 1) // part_size + 1)]
+            try:
+                done = [f.result() for f in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        finally:
+            os.close(fd)
+        return done
+
+    def abort(self, key: str, upload_id: str) -> None:
+        try:
+            RetryPolicy(attempts=5).call(f"abort {key}", lambda: self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id))
+        except Exception:  # noqa: S110 - best effort; abort_open_uploads sweeps leftovers at start
+            pass
+
+    def abort_open_uploads(self, rel_prefix: str) -> int:
+        """Abort multipart uploads left open under rel_prefix (by a killed predecessor)."""
+        response = self.retry.call("list uploads", lambda: self.client.list_multipart_uploads(
+            Bucket=self.bucket, Prefix=self.key(rel_prefix)))
+        uploads = response.get("Uploads", [])
+        for upload in uploads:
+            self.abort(upload["Key"], upload["UploadId"])
+        return len(uploads)
+
+    def delete(self, rels: list[str]) -> None:
+        for start in range(0, len(rels), 1000):
+            batch = [{"Key": self.key(rel)} for rel in rels[start : start + 1000]]
+            self.retry.call("delete", lambda batch=batch: self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}))
+
+    def close(self) -> None:
+        self.parts.shutdown(wait=False, cancel_futures=True)
+
+
+class FileDestination:
+    """A directory standing in for the object store (the embedded default and tests)."""
+
+    def __init__(self, uri: str):
+        self.uri = uri.rstrip("/")
+        self.root = Path(urlparse(uri).path)
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"{self.uri}: cannot create the destination directory ({exc})") from exc
+
+    def get_bytes(self, rel: str) -> bytes | None:
+        path = self.root / rel
+        return path.read_bytes() if path.is_file() else None
+
+    def list(self, rel_prefix: str) -> dict[str, int]:
+        base = self.root / rel_prefix
+        if not base.exists():
+            return {}
+        return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in base.rglob("*")
+                if p.is_file() and not p.name.startswith(".tmp-")}
+
+    def download(self, rel: str, target: Path, size: int, progress: Progress | None = None) -> None:
+        shutil.copyfile(self.root / rel, target)
+        if progress:
+            progress(size)
+
+    def put_bytes(self, rel: str, data: bytes, sha256: str | None = None) -> None:
+        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.root / rel, data)
+
+    def upload_file(self, path: Path, rel: str, cancel: HasIsSet, progress: Progress | None = None,
+                    sha256: str | None = None) -> None:
+        if cancel.is_set():
+            raise Cancelled(rel)
+        target = self.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f".tmp-{target.name}")
+        shutil.copyfile(path, temp)
+        os.replace(temp, target)
+        if progress:
+            progress(path.stat().st_size)
+
+    def abort_open_uploads(self, rel_prefix: str) -> int:
+        leftovers = list((self.root / rel_prefix).rglob(".tmp-*")) if (self.root / rel_prefix).exists() else []
+        for path in leftovers:
+            path.unlink(missing_ok=True)
+        return len(leftovers)
+
+    def delete(self, rels: list[str]) -> None:
+        for rel in rels:
+            (self.root / rel).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        pass
+
+
+def open_destination(uri: str, transfer: TransferSection, retry: RetryPolicy, endpoint_url: str | None = None):
+    scheme = urlparse(uri).scheme
+    if scheme == "s3":
+        return S3Destination(uri, transfer, retry, endpoint_url)
+    if scheme == "file" and urlparse(uri).path:
+        return FileDestination(uri)
+    raise ConfigError(f"destination {uri!r}: expected s3://BUCKET/PREFIX or file:///PATH")

@@ -1,0 +1,98 @@
+"""Restore (the trainer pod's init container): bring the newest complete checkpoint from
+the store into the local checkpoint directory.
+
+Newest first, a checkpoint qualifies only if its MANIFEST.json exists and every file it
+lists downloads with the listed size and sha256; otherwise the next older one is tried,
+with a log line saying why. Files land in a temp directory that is renamed into place, and
+the commit marker is written last, so the trainer never sees half a restore. With nothing
+in the store, restore succeeds and training starts fresh.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from lmforge.common.checkpoint_layout import COMMIT_MARKER, UPLOADED_MARKER, parse_step, step_dir, step_name
+from lmforge.common.errors import InputError, ShardFormatError
+from lmforge.common.logging import get_logger
+from lmforge.common.storage import atomic_write_bytes, sha256_file
+from lmforge.uploader.manifest import MANIFEST, parse_manifest, remote_step_prefix
+
+log = get_logger("uploader")
+
+
+class CorruptCheckpoint(ShardFormatError):
+    pass
+
+
+def remote_steps(destination) -> list[int]:
+    """Steps with a manifest in the store, ascending."""
+    steps = set()
+    for rel in destination.list("checkpoints/"):
+        parts = rel.split("/")
+        if len(parts) == 3 and parts[2] == MANIFEST and (step := parse_step(parts[1])) is not None:
+            steps.add(step)
+    return sorted(steps)
+
+
+def restore(destination, local_dir: Path, step: int | None = None, parallel_files: int = 4) -> int | None:
+    """Returns the restored step, or None when the store holds no checkpoint (a fresh start)."""
+    local_dir.mkdir(parents=True, exist_ok=True)
+    available = remote_steps(destination)
+    if step is not None:
+        if step not in available:
+            raise InputError(f"{destination.uri}: no complete checkpoint for step {step} (have {available or 'none'})")
+        available = [step]
+    for candidate in reversed(available):
+        target = step_dir(local_dir, candidate)
+        if (target / COMMIT_MARKER).exists():
+            log.info("restore_present", step=candidate, path=str(target))
+            return candidate
+        try:
+            _restore_step(destination, local_dir, candidate, parallel_files)
+        except (CorruptCheckpoint, ShardFormatError) as exc:
+            log.warning("restore_skipped", step=candidate, reason=str(exc))
+            continue
+        log.info("restored", step=candidate, path=str(target))
+        return candidate
+    if step is not None:
+        raise InputError(f"{destination.uri}: checkpoint for step {step} is corrupt in the store")
+    log.info("restore_nothing", src=destination.uri, reason="no complete checkpoint in the store; starting fresh")
+    return None
+
+
+def _restore_step(destination, local_dir: Path, step: int, parallel_files: int) -> None:
+    where = f"{destination.uri}/{remote_step_prefix(step)}"
+    data = destination.get_bytes(remote_step_prefix(step) + MANIFEST)
+    if data is None:
+        raise CorruptCheckpoint(f"{where}: manifest disappeared")
+    manifest = parse_manifest(data, where + MANIFEST)
+    listing = destination.list(remote_step_prefix(step))
+    temp = local_dir / f".restore-{step_name(step)}"
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir(parents=True)
+    try:
+        def fetch(entry) -> None:
+            key = remote_step_prefix(step) + entry.path
+            if listing.get(key) != entry.size:
+                raise CorruptCheckpoint(f"{where}{entry.path}: size in store {listing.get(key)} != manifest "
+                                        f"{entry.size}")
+            path = temp / entry.path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            destination.download(key, path, entry.size)
+            if sha256_file(path) != entry.sha256:
+                raise CorruptCheckpoint(f"{where}{entry.path}: sha256 does not match the manifest")
+
+        with ThreadPoolExecutor(parallel_files) as pool:
+            for future in [pool.submit(fetch, entry) for entry in manifest["files"]]:
+                future.result()
+        target = step_dir(local_dir, step)
+        shutil.rmtree(target, ignore_errors=True)  # an uncommitted leftover of this step
+        os.replace(temp, target)
+        atomic_write_bytes(target / UPLOADED_MARKER, b"")  # the sidecar need not upload it again
+        atomic_write_bytes(target / COMMIT_MARKER, b"")
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,65 @@
+"""Checkpoint directories as the trainer lays them out, and ways to run the uploader."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from lmforge.common.checkpoint_layout import COMMIT_MARKER, step_dir
+
+MIB = 1 << 20
+
+
+def fake_checkpoint(root: Path, step: int, sizes=(12 * MIB, 3 * MIB, 1000), *, commit=True, meta=None,
+                    seed=None) -> Path:
+    """Files of random bytes in a step directory, meta.json, and (commit=True) the marker."""
+    path = step_dir(root, step)
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(step if seed is None else seed)
+    for rank, size in enumerate(sizes):
+        (path / f"__{rank}_0.distcp").write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    (path / ".metadata").write_bytes(b"dcp metadata " + str(step).encode())
+    (path / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}))
+    if commit:
+        (path / COMMIT_MARKER).write_bytes(b"")
+    return path
+
+
+def uploader_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lmforge.uploader", *args]
+
+
+def run_uploader(*args: str, timeout: float = 120, env_extra=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(uploader_command(*args), capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def small_parts(*extra: str) -> list[str]:
+    """Config overrides for tests: 5 MiB parts (S3's minimum), quick retries and polling."""
+    return ["--set", "transfer.part_size_mb=5", "--set", "transfer.backoff_seconds=0.05",
+            "--set", "transfer.backoff_max_seconds=0.5", "--set", "poll_seconds=0.2",
+            "--set", "retry_failed_after_seconds=0", *extra]
+
+
+def files_of(path: Path) -> dict[str, bytes]:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def in_process_uploader(local: Path, dest: str, endpoint_url: str | None = None, **config):
+    """A started CheckpointUploader in this process (tests drive it with run_once())."""
+    from lmforge.uploader.config import UploaderConfig
+    from lmforge.uploader.objectstore import open_destination
+    from lmforge.uploader.retry import RetryPolicy
+    from lmforge.uploader.watcher import CheckpointUploader
+
+    config = UploaderConfig.model_validate({"retry_failed_after_seconds": 0, **config})
+    retry = RetryPolicy(config.transfer.max_attempts, config.transfer.backoff_seconds,
+                        config.transfer.backoff_max_seconds)
+    uploader = CheckpointUploader(local, open_destination(dest, config.transfer, retry, endpoint_url), config)
+    uploader.start()
+    return uploader

@@ -1,0 +1,194 @@
+"""The uploader under faults, through the project's fault-injecting proxy in front of moto:
+flaky requests, a killed sidecar, SIGTERM mid-upload, corrupted objects, and local disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+
+from lmforge.common.checkpoint_layout import UPLOADED_MARKER, committed_steps, step_dir
+from tests.uploader.fault_proxy import FaultProxy
+from tests.uploader.helpers import fake_checkpoint, in_process_uploader, run_uploader, small_parts, uploader_command
+
+PREFIX = "runs/r1/checkpoints/"
+QUICK_RETRIES = {"part_size_mb": 5, "backoff_seconds": 0.01, "backoff_max_seconds": 0.1}
+
+
+def objects(client, bucket: str) -> dict[str, dict]:
+    return {o["Key"]: o for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+
+def store_state(client, bucket: str) -> list[int]:
+    """Asserts that every manifest's files exist with its sizes and sha256 and that no
+    multipart upload is open; returns the steps with a manifest."""
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    steps = []
+    for key in sorted(k for k in objects(client, bucket) if k.endswith("/MANIFEST.json")):
+        manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        base = key[: -len("MANIFEST.json")]
+        for entry in manifest["files"]:
+            body = client.get_object(Bucket=bucket, Key=base + entry["path"])["Body"].read()
+            assert (len(body), hashlib.sha256(body).hexdigest()) == (entry["size"], entry["sha256"]), key
+        steps.append(manifest["step"])
+    return steps
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_twenty_percent_failing_requests_still_deliver_every_checkpoint_intact(s3, tmp_path):
+    endpoint, make_bucket = s3
+    client = make_bucket("flaky")
+    local = tmp_path / "ckpt"
+    for step in (1, 2, 3, 4):
+        fake_checkpoint(local, step)
+    with FaultProxy(endpoint, seed=3) as proxy:
+        # Two attempts per request: some uploads may fail outright and are aborted, then retried.
+        uploader = in_process_uploader(local, "s3://flaky/runs/r1", proxy.url, keep=10,
+                                       transfer={**QUICK_RETRIES, "max_attempts": 2})
+        proxy.set_faults(reset=0.07, error_500=0.06, slow_down=0.07, delay=0.1, delay_seconds=0.05)
+        done: list[int] = []
+        for _ in range(40):
+            done += uploader.run_once()
+            assert sorted(store_state(client, "flaky")) == sorted(done)  # no manifest without all its files
+            if sorted(done) == [1, 2, 3, 4]:
+                break
+        faults = proxy.stats
+        assert sorted(done) == [1, 2, 3, 4]
+        assert faults["reset"] + faults["error_500"] + faults["slow_down"] >= 5, faults
+
+        # A store that keeps failing: the upload fails, is counted, aborted, and retried later.
+        fake_checkpoint(local, 5)
+        proxy.set_faults(error_500=1.0, methods={"PUT"})
+        assert uploader.run_once() == []
+        assert store_state(client, "flaky") == [1, 2, 3, 4]
+        failures = uploader.metrics.registry.get_sample_value("lmforge_uploader_failures_total",
+                                                              {"reason": "ClientError"})
+        assert failures >= 1
+        proxy.set_faults()
+        assert uploader.run_once() == [5]
+        uploader.close()
+    assert store_state(client, "flaky") == [1, 2, 3, 4, 5]
+
+
+def test_a_killed_sidecar_resumes_without_resending_finished_checkpoints(s3, tmp_path):
+    endpoint, make_bucket = s3
+    client = make_bucket("killed")
+    local = tmp_path / "ckpt"
+    for step in (1, 2, 3):
+        fake_checkpoint(local, step, meta={"config": {"steps": 4}})
+    with FaultProxy(endpoint, delay=1.0, delay_seconds=0.25, methods={"PUT", "POST"}) as proxy:
+        sidecar = subprocess.Popen(uploader_command("watch", "--dir", str(local), "--dest", "s3://killed/runs/r1",
+                                                    "--endpoint-url", proxy.url, *small_parts(),
+                                                    "--set", "transfer.concurrency=1"),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: f"{PREFIX}step-00000001/MANIFEST.json" in objects(client, "killed"), what="step 1")
+            wait_for(lambda: any(k.startswith(f"{PREFIX}step-00000002/") for k in objects(client, "killed")),
+                     what="step 2 under way")
+            sidecar.kill()
+            sidecar.wait(timeout=10)
+        finally:
+            sidecar.kill()
+    before = objects(client, "killed")
+    assert f"{PREFIX}step-00000002/MANIFEST.json" not in before  # killed mid-checkpoint: not published
+    time.sleep(1.1)  # LastModified has one-second resolution
+    result = run_uploader("watch", "--dir", str(local), "--dest", "s3://killed/runs/r1", "--exit-when-done",
+                          *small_parts())
+    assert result.returncode == 0, result.stderr
+    after = objects(client, "killed")
+    assert store_state(client, "killed") == [1, 2, 3]
+    step1 = [k for k in before if k.startswith(f"{PREFIX}step-00000001/")]
+    assert step1 and all(after[k]["LastModified"] == before[k]["LastModified"] for k in step1)
+    # Files of step 2 that had fully arrived before the kill were not sent again either.
+    step2 = [k for k in before if k.startswith(f"{PREFIX}step-00000002/")]
+    assert all(after[k]["LastModified"] == before[k]["LastModified"] for k in step2)
+
+
+def test_sigterm_mid_upload_ends_within_the_grace_period_with_nothing_half_published(s3, tmp_path):
+    endpoint, make_bucket = s3
+    client = make_bucket("sigterm")
+    local = tmp_path / "ckpt"
+    fake_checkpoint(local, 1, sizes=(30 << 20,))  # 6 parts of 5 MiB, each delayed
+    with FaultProxy(endpoint, delay=1.0, delay_seconds=0.5, methods={"PUT"}) as proxy:
+        sidecar = subprocess.Popen(uploader_command("watch", "--dir", str(local), "--dest", "s3://sigterm/runs/r1",
+                                                    "--endpoint-url", proxy.url, *small_parts(),
+                                                    "--set", "transfer.concurrency=1", "--set", "grace_seconds=1"),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: proxy.stats["delay"] >= 2, what="parts in flight")
+        started = time.monotonic()
+        sidecar.send_signal(signal.SIGTERM)
+        stdout, stderr = sidecar.communicate(timeout=30)
+        elapsed = time.monotonic() - started
+    assert sidecar.returncode == 0, stderr
+    assert elapsed < 1 + 0.5 + 3  # grace, one request in flight, process exit
+    assert store_state(client, "sigterm") == []  # no manifest, no open multipart upload
+    assert '"upload_cancelled"' in stdout
+
+
+def test_sigterm_lets_a_nearly_done_upload_finish(s3, tmp_path):
+    endpoint, make_bucket = s3
+    client = make_bucket("graceful")
+    local = tmp_path / "ckpt"
+    fake_checkpoint(local, 1, sizes=(12 << 20,))
+    with FaultProxy(endpoint, delay=1.0, delay_seconds=0.3, methods={"PUT"}) as proxy:
+        sidecar = subprocess.Popen(uploader_command("watch", "--dir", str(local), "--dest", "s3://graceful/runs/r1",
+                                                    "--endpoint-url", proxy.url, *small_parts(),
+                                                    "--set", "grace_seconds=20"),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: proxy.stats["delay"] >= 1, what="upload under way")
+        sidecar.send_signal(signal.SIGTERM)
+        _, stderr = sidecar.communicate(timeout=30)
+    assert sidecar.returncode == 0, stderr
+    assert store_state(client, "graceful") == [1]
+
+
+def test_restore_skips_a_corrupted_checkpoint_for_the_previous_good_one(s3, tmp_path):
+    _, make_bucket = s3
+    client = make_bucket("corrupt")
+    local = tmp_path / "ckpt"
+    for step in (4, 9):
+        fake_checkpoint(local, step, sizes=(6 << 20, 100))
+    uploader = in_process_uploader(local, "s3://corrupt/runs/r1", transfer=QUICK_RETRIES)
+    assert uploader.run_once() == [4, 9]
+    uploader.close()
+    key = f"{PREFIX}step-00000009/__0_0.distcp"
+    body = bytearray(client.get_object(Bucket="corrupt", Key=key)["Body"].read())
+    body[12345] ^= 0xFF  # same size, one flipped byte
+    client.put_object(Bucket="corrupt", Key=key, Body=bytes(body))
+    result = run_uploader("restore", "--src", "s3://corrupt/runs/r1", "--dir", str(tmp_path / "back"),
+                          *small_parts())
+    assert result.returncode == 0, result.stderr
+    assert committed_steps(tmp_path / "back") == [4]
+    assert "sha256 does not match the manifest" in result.stdout
+    assert not [p for p in (tmp_path / "back").iterdir() if p.name.startswith(".restore")]
+    asked = run_uploader("restore", "--src", "s3://corrupt/runs/r1", "--dir", str(tmp_path / "b2"), "--step", "9")
+    assert asked.returncode != 0 and "corrupt" in asked.stderr
+
+
+def test_a_restarted_sidecar_trusts_a_matching_manifest_and_frees_disk(s3, tmp_path):
+    _, make_bucket = s3
+    client = make_bucket("restart")
+    local = tmp_path / "ckpt"
+    for step in (1, 2, 3):
+        fake_checkpoint(local, step, sizes=(1 << 20,))
+    first = in_process_uploader(local, "s3://restart/runs/r1")
+    assert first.run_once() == [1, 2, 3]
+    first.close()
+    for step in (1, 2, 3):
+        (step_dir(local, step) / UPLOADED_MARKER).unlink()  # as if the markers were lost
+    before = objects(client, "restart")
+    second = in_process_uploader(local, "s3://restart/runs/r1", free_disk_above=1e-9)  # always "full"
+    assert second.run_once() == []  # verified against the manifests, nothing sent
+    second.close()
+    assert objects(client, "restart") == before
+    assert committed_steps(local) == [3]  # uploaded ones freed, never the newest
+    assert sorted(os.listdir(local)) == ["step-00000003"]
