@@ -92,14 +92,16 @@ def test_a_killed_sidecar_resumes_without_resending_finished_checkpoints(s3, tmp
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             wait_for(lambda: f"{PREFIX}step-00000001/MANIFEST.json" in objects(client, "killed"), what="step 1")
-            wait_for(lambda: any(k.startswith(f"{PREFIX}step-00000002/") for k in objects(client, "killed")),
-                     what="step 2 under way")
+            journal = step_dir(local, 2) / ".upload-journal.json"
+            wait_for(lambda: journal.exists() and json.loads(journal.read_text()), what="step 2 partly sent")
             sidecar.kill()
             sidecar.wait(timeout=10)
         finally:
             sidecar.kill()
     before = objects(client, "killed")
     assert f"{PREFIX}step-00000002/MANIFEST.json" not in before  # killed mid-checkpoint: not published
+    sent_whole = [e["path"] for e in json.loads(journal.read_text())]
+    assert sent_whole
     time.sleep(1.1)  # LastModified has one-second resolution
     result = run_uploader("watch", "--dir", str(local), "--dest", "s3://killed/runs/r1", "--exit-when-done",
                           *small_parts())
@@ -108,9 +110,11 @@ def test_a_killed_sidecar_resumes_without_resending_finished_checkpoints(s3, tmp
     assert store_state(client, "killed") == [1, 2, 3]
     step1 = [k for k in before if k.startswith(f"{PREFIX}step-00000001/")]
     assert step1 and all(after[k]["LastModified"] == before[k]["LastModified"] for k in step1)
-    # Files of step 2 that had fully arrived before the kill were not sent again either.
-    step2 = [k for k in before if k.startswith(f"{PREFIX}step-00000002/")]
+    # Files of step 2 recorded as sent whole before the kill were not sent again either.
+    step2 = [f"{PREFIX}step-00000002/{path}" for path in sent_whole]
     assert all(after[k]["LastModified"] == before[k]["LastModified"] for k in step2)
+    assert not journal.exists()  # done: the journal is gone, the UPLOADED marker is there
+    assert (step_dir(local, 2) / UPLOADED_MARKER).exists()
 
 
 def test_sigterm_mid_upload_ends_within_the_grace_period_with_nothing_half_published(s3, tmp_path):

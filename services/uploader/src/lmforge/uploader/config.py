@@ -11,8 +11,8 @@ MIB = 1 << 20
 
 
 class TransferSection(StrictModel):
-    part_size_mb: int = Field(64, ge=5, le=5120, description="multipart part size (S3 minimum 5 MiB)")
-    concurrency: int = Field(8, ge=1, le=64, description="parts in flight at once")
+    part_size_mb: int = Field(16, ge=5, le=5120, description="multipart part size (S3: 5 MiB to 5 GiB, 10,000 parts)")
+    concurrency: int = Field(10, ge=1, le=64, description="parts in flight at once")
     max_attempts: int = Field(8, ge=1, description="tries per request before the upload fails")
     backoff_seconds: float = Field(0.2, gt=0, description="first retry delay; doubles, with full jitter")
     backoff_max_seconds: float = Field(20.0, gt=0)

@@ -11,9 +11,11 @@ from lmforge.common.checkpoint_layout import COMMIT_MARKER, UPLOADED_MARKER, ste
 from lmforge.common.errors import ShardFormatError
 
 MANIFEST = "MANIFEST.json"
+JOURNAL = ".upload-journal.json"
 FORMAT_VERSION = 1
-# Markers are local state: the commit marker is re-created by restore after verification.
-LOCAL_ONLY = frozenset({COMMIT_MARKER, UPLOADED_MARKER})
+# Local state, not part of the checkpoint: the commit marker is re-created by restore after
+# verification; the journal records the uploader's progress.
+LOCAL_ONLY = frozenset({COMMIT_MARKER, UPLOADED_MARKER, JOURNAL})
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,13 @@ the RetryPolicy (botocore's own retries are off so that policy is the only one).
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shutil
+import threading
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -27,6 +29,7 @@ from lmforge.uploader.config import TransferSection
 from lmforge.uploader.retry import Cancelled, RetryPolicy
 
 Progress = Callable[[int], None]
+MAX_PARTS = 10_000  # S3's limit per multipart upload; larger files get larger parts
 
 
 class HasIsSet(Protocol):
@@ -140,74 +143,76 @@ class S3Destination:
 
     # -- writing -------------------------------------------------------------------------
 
-    def put_bytes(self, rel: str, data: bytes, sha256: str | None = None) -> None:
-        metadata = {"sha256": sha256} if sha256 else {}
+    def put_bytes(self, rel: str, data: bytes) -> None:
         self.retry.call(f"put {rel}", lambda: self.client.put_object(
-            Bucket=self.bucket, Key=self.key(rel), Body=data, ChecksumCRC32=_crc32_b64(data), Metadata=metadata))
+            Bucket=self.bucket, Key=self.key(rel), Body=data, ChecksumCRC32=_crc32_b64(data)))
 
-    def head_sha256(self, rel: str) -> str | None:
-        """The sha256 this uploader recorded on the object (None: absent or not ours)."""
-        def head():
-            try:
-                return self.client.head_object(Bucket=self.bucket, Key=self.key(rel))["Metadata"].get("sha256")
-            except ClientError as exc:
-                if _error_code(exc) in ("NoSuchKey", "404"):
-                    return None
-                raise
-
-        return self.retry.call(f"head {rel}", head)
-
-    def upload_file(self, path: Path, rel: str, cancel: HasIsSet, progress: Progress | None = None,
-                    sha256: str | None = None) -> None:
+    def upload_file(self, path: Path, rel: str, cancel: HasIsSet, progress: Progress | None = None) -> str:
+        """Upload one file; returns its sha256. The file is read once, in order: each part is
+        hashed into the whole-file sha256 and its own CRC32, then sent by the part pool while
+        the next one is read (at most `concurrency` parts held in memory)."""
         if cancel.is_set():
             raise Cancelled(rel)
         size = path.stat().st_size
-        if size <= self.transfer.part_size:
+        part_size = max(self.transfer.part_size, -(-size // MAX_PARTS))
+        if size <= part_size:
             data = path.read_bytes()
-            self.put_bytes(rel, data, sha256)
+            digest = hashlib.sha256(data).hexdigest()
+            self.put_bytes(rel, data)
             if progress:
                 progress(size)
-            return
+            return digest
         key = self.key(rel)
-        metadata = {"sha256": sha256} if sha256 else {}
         upload_id = self.retry.call(f"create {rel}", lambda: self.client.create_multipart_upload(
-            Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32", Metadata=metadata))["UploadId"]
+            Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32"))["UploadId"]
         try:
-            parts = self._upload_parts(path, key, upload_id, size, cancel, progress)
+            parts, digest = self._upload_parts(path, key, upload_id, part_size, cancel, progress)
             self.retry.call(f"complete {rel}", lambda: self.client.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
         except BaseException:
             self.abort(key, upload_id)
             raise
+        return digest
 
-    def _upload_parts(self, path: Path, key: str, upload_id: str, size: int, cancel: HasIsSet,
-                      progress: Progress | None) -> list[dict]:
-        part_size = self.transfer.part_size
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            def send(number: int) -> dict:
+    def _upload_parts(self, path: Path, key: str, upload_id: str, part_size: int, cancel: HasIsSet,
+                      progress: Progress | None) -> tuple[list[dict], str]:
+        in_flight = threading.BoundedSemaphore(self.transfer.concurrency)
+        whole = hashlib.sha256()
+
+        def send(number: int, data: bytes, checksum: str) -> dict:
+            try:
                 if cancel.is_set():
                     raise Cancelled(key)
-                offset = (number - 1) * part_size
-                data = os.pread(fd, min(part_size, size - offset), offset)
-                checksum = _crc32_b64(data)
                 response = self.retry.call(f"part {number} of {key}", lambda: self.client.upload_part(
                     Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data,
                     ChecksumCRC32=checksum))
                 if progress:
                     progress(len(data))
                 return {"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32": checksum}
+            finally:
+                in_flight.release()
 
-            futures = [self.parts.submit(send, n) for n in range(1, (size + part_size - 1) // part_size + 1)]
-            try:
-                done = [f.result() for f in futures]
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
-        finally:
-            os.close(fd)
-        return done
+        futures = []
+        try:
+            with open(path, "rb", buffering=0) as fh:
+                number = 0
+                while data := fh.read(part_size):
+                    number += 1
+                    whole.update(data)
+                    checksum = _crc32_b64(data)
+                    while not in_flight.acquire(timeout=0.5):
+                        if cancel.is_set() or any(f.done() and f.exception() for f in futures):
+                            raise Cancelled(key)
+                    futures.append(self.parts.submit(send, number, data, checksum))
+            return [f.result() for f in futures], whole.hexdigest()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            failed = next((f.exception() for f in futures if not f.cancelled() and f.exception()), None)
+            if failed is not None:
+                raise failed from None  # the part's own error says more than "cancelled"
+            raise
 
     def abort(self, key: str, upload_id: str) -> None:
         try:
@@ -264,21 +269,25 @@ class FileDestination:
         if progress:
             progress(size)
 
-    def put_bytes(self, rel: str, data: bytes, sha256: str | None = None) -> None:
+    def put_bytes(self, rel: str, data: bytes) -> None:
         (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.root / rel, data)
 
-    def upload_file(self, path: Path, rel: str, cancel: HasIsSet, progress: Progress | None = None,
-                    sha256: str | None = None) -> None:
+    def upload_file(self, path: Path, rel: str, cancel: HasIsSet, progress: Progress | None = None) -> str:
         if cancel.is_set():
             raise Cancelled(rel)
         target = self.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f".tmp-{target.name}")
-        shutil.copyfile(path, temp)
+        digest = hashlib.sha256()
+        with open(path, "rb") as src, open(temp, "wb") as dst:
+            while block := src.read(8 << 20):
+                digest.update(block)
+                dst.write(block)
         os.replace(temp, target)
         if progress:
             progress(path.stat().st_size)
+        return digest.hexdigest()
 
     def abort_open_uploads(self, rel_prefix: str) -> int:
         leftovers = list((self.root / rel_prefix).rglob(".tmp-*")) if (self.root / rel_prefix).exists() else []

@@ -5,8 +5,9 @@ A checkpoint is uploaded only when the trainer's commit marker is present (never
 being written). Its files go up in parallel (multipart, CRC32 per part); then MANIFEST.json
 (files, sizes, sha256) is written: only then is the checkpoint in the store. Locally an
 UPLOADED marker records that, so a restarted sidecar does not hash it again; without the
-marker, a manifest already in the store is checked against the local files, and objects
-already uploaded with the same size and sha256 are not sent again.
+marker, a manifest already in the store is checked against the local files, and files an
+interrupted sidecar had sent whole (its journal in the step directory) are not sent again.
+Each file is read once: the same pass feeds the manifest's sha256 and the parts' CRC32.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from lmforge.common.logging import get_logger
 from lmforge.common.storage import atomic_write_bytes, sha256_file
 from lmforge.uploader.config import UploaderConfig
 from lmforge.uploader.manifest import (
+    JOURNAL,
     MANIFEST,
     FileEntry,
     build_manifest,
@@ -45,6 +47,28 @@ log = get_logger("uploader")
 
 class CheckpointVanished(LmforgeError):
     """The trainer's retention removed a checkpoint while it was being uploaded."""
+
+
+class UploadJournal:
+    """Files of a checkpoint already sent whole, with their sha256 (kept in the step
+    directory), so a restarted sidecar sends only the rest."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._entries = {e["path"]: FileEntry(**e) for e in json.loads(path.read_text())}
+        except (OSError, ValueError, TypeError, KeyError):
+            self._entries = {}
+
+    def get(self, rel: str) -> FileEntry | None:
+        return self._entries.get(rel)
+
+    def record(self, entry: FileEntry) -> None:
+        with self._lock:
+            self._entries[entry.path] = entry
+            data = [vars(e) for e in self._entries.values()]
+            atomic_write_bytes(self.path, json.dumps(data).encode())
 
 
 class _Either:
@@ -179,6 +203,7 @@ class CheckpointUploader:
                       retry_in_seconds=self.config.retry_failed_after_seconds)
             return False
         atomic_write_bytes(path / UPLOADED_MARKER, b"")
+        (path / JOURNAL).unlink(missing_ok=True)
         seconds = time.monotonic() - started
         lag = time.time() - committed_at
         self._failed_at.pop(step, None)
@@ -196,16 +221,20 @@ class CheckpointUploader:
         if not files:
             raise CheckpointVanished(f"{path}: no files")
         remote = self.dest.list(remote_step_prefix(step))
+        journal = UploadJournal(path / JOURNAL)
         stop = _Either(self.cancel, threading.Event())  # shutdown, or another file of this checkpoint failed
 
         def one(file: Path) -> FileEntry:
             try:
                 rel = file.relative_to(path).as_posix()
-                entry = FileEntry(rel, file.stat().st_size, sha256_file(file))
+                size = file.stat().st_size
                 key = remote_step_prefix(step) + rel
-                if remote.get(key) == entry.size and self._remote_sha256(key) == entry.sha256:
-                    return entry  # sent by an earlier, interrupted sidecar
-                self.dest.upload_file(file, key, stop, progress=self.metrics.uploaded_bytes.inc, sha256=entry.sha256)
+                done = journal.get(rel)
+                if done and done.size == size and remote.get(key) == size:
+                    return done  # sent completely by an earlier, interrupted sidecar
+                digest = self.dest.upload_file(file, key, stop, progress=self.metrics.uploaded_bytes.inc)
+                entry = FileEntry(rel, size, digest)
+                journal.record(entry)
                 return entry
             except BaseException:
                 stop.second.set()
@@ -214,10 +243,6 @@ class CheckpointUploader:
         futures = [self._files.submit(one, file) for file in files]
         wait(futures)  # every file finished or aborted its multipart upload before this returns
         return [f.result() for f in futures]
-
-    def _remote_sha256(self, key: str) -> str | None:
-        head = getattr(self.dest, "head_sha256", None)
-        return head(key) if head else None
 
     # -- retention -----------------------------------------------------------------------
 
