@@ -11,7 +11,8 @@ MIB = 1 << 20
 
 
 class TransferSection(StrictModel):
-    part_size_mb: int = Field(16, ge=5, le=5120, description="multipart part size (S3: 5 MiB to 5 GiB, 10,000 parts)")
+    part_size_mb: int = Field(8, ge=5, le=5120, description="multipart part size; grows so a file needs at most "
+                              "10,000 parts (S3: 5 MiB to 5 GiB)")
     concurrency: int = Field(10, ge=1, le=64, description="parts in flight at once")
     max_attempts: int = Field(8, ge=1, description="tries per request before the upload fails")
     backoff_seconds: float = Field(0.2, gt=0, description="first retry delay; doubles, with full jitter")

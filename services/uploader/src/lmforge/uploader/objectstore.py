@@ -1,7 +1,7 @@
 """The destination of checkpoints: an s3:// prefix (boto3, any S3-compatible endpoint) or a
 file:// directory, with the few operations the uploader and restore need.
 
-S3 uploads are multipart above one part size: parts go in parallel, each with a CRC32
+S3 uploads are multipart above one part size: parts go in parallel, each with a CRC32C
 checksum that S3 verifies; a failed or cancelled upload is aborted, so no parts are left
 behind. Downloads of large objects are parallel ranged GETs. Every request goes through
 the RetryPolicy (botocore's own retries are off so that policy is the only one).
@@ -14,13 +14,13 @@ import hashlib
 import os
 import shutil
 import threading
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
+import crc32c
 from botocore.exceptions import ClientError
 
 from lmforge.common.errors import ConfigError, StorageError
@@ -38,8 +38,9 @@ class HasIsSet(Protocol):
     def is_set(self) -> bool: ...
 
 
-def _crc32_b64(data) -> str:
-    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+def _crc32c_b64(data) -> str:
+    """S3's CRC32C checksum of `data` (hardware-accelerated: about 6x cheaper than zlib's CRC32)."""
+    return base64.b64encode(crc32c.crc32c(data).to_bytes(4, "big")).decode()
 
 
 def _error_code(exc: ClientError) -> str:
@@ -60,7 +61,7 @@ class S3Destination:
         config = Config(retries={"total_max_attempts": 1, "mode": "standard"},
                         max_pool_connections=transfer.concurrency + 4,
                         connect_timeout=transfer.connect_timeout_seconds, read_timeout=transfer.read_timeout_seconds,
-                        # Integrity comes from the CRC32 of each part (checked by S3) and the manifest's
+                        # Integrity comes from the CRC32C of each part (checked by S3) and the manifest's
                         # sha256 (checked by restore): hashing every byte again to sign it adds nothing.
                         s3={"payload_signing_enabled": False})
         endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -145,11 +146,11 @@ class S3Destination:
 
     def put_bytes(self, rel: str, data: bytes) -> None:
         self.retry.call(f"put {rel}", lambda: self.client.put_object(
-            Bucket=self.bucket, Key=self.key(rel), Body=data, ChecksumCRC32=_crc32_b64(data)))
+            Bucket=self.bucket, Key=self.key(rel), Body=data, ChecksumCRC32C=_crc32c_b64(data)))
 
     def upload_file(self, path: Path, rel: str, cancel: HasIsSet, progress: Progress | None = None) -> str:
         """Upload one file; returns its sha256. The file is read once, in order: each part is
-        hashed into the whole-file sha256 and its own CRC32, then sent by the part pool while
+        hashed into the whole-file sha256 and its own CRC32C, then sent by the part pool while
         the next one is read (at most `concurrency` parts held in memory)."""
         if cancel.is_set():
             raise Cancelled(rel)
@@ -164,7 +165,7 @@ class S3Destination:
             return digest
         key = self.key(rel)
         upload_id = self.retry.call(f"create {rel}", lambda: self.client.create_multipart_upload(
-            Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32"))["UploadId"]
+            Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32C"))["UploadId"]
         try:
             parts, digest = self._upload_parts(path, key, upload_id, part_size, cancel, progress)
             self.retry.call(f"complete {rel}", lambda: self.client.complete_multipart_upload(
@@ -185,10 +186,10 @@ class S3Destination:
                     raise Cancelled(key)
                 response = self.retry.call(f"part {number} of {key}", lambda: self.client.upload_part(
                     Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data,
-                    ChecksumCRC32=checksum))
+                    ChecksumCRC32C=checksum))
                 if progress:
                     progress(len(data))
-                return {"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32": checksum}
+                return {"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32C": checksum}
             finally:
                 in_flight.release()
 
@@ -199,7 +200,7 @@ class S3Destination:
                 while data := fh.read(part_size):
                     number += 1
                     whole.update(data)
-                    checksum = _crc32_b64(data)
+                    checksum = _crc32c_b64(data)
                     while not in_flight.acquire(timeout=0.5):
                         if cancel.is_set() or any(f.done() and f.exception() for f in futures):
                             raise Cancelled(key)

@@ -2,12 +2,12 @@
 prune the store, and free local disk.
 
 A checkpoint is uploaded only when the trainer's commit marker is present (never one still
-being written). Its files go up in parallel (multipart, CRC32 per part); then MANIFEST.json
+being written). Its files go up in parallel (multipart, CRC32C per part); then MANIFEST.json
 (files, sizes, sha256) is written: only then is the checkpoint in the store. Locally an
 UPLOADED marker records that, so a restarted sidecar does not hash it again; without the
 marker, a manifest already in the store is checked against the local files, and files an
 interrupted sidecar had sent whole (its journal in the step directory) are not sent again.
-Each file is read once: the same pass feeds the manifest's sha256 and the parts' CRC32.
+Each file is read once: the same pass feeds the manifest's sha256 and the parts' CRC32C.
 """
 
 from __future__ import annotations
