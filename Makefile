@@ -25,7 +25,7 @@ DEMO_DOCS ?= 3000
 DEMO_STEPS ?= 60
 
 .PHONY: setup demo test test-fast lint bench-dataprep bench-train-memory bench-train-throughput \
-	bench-checkpoint clean
+	bench-checkpoint bench-upload clean
 
 setup: $(SETUP_STAMP)
 
@@ -71,6 +71,9 @@ bench-train-throughput: setup
 
 bench-checkpoint: setup
 	$(PY) bench/checkpoint_stall.py
+
+bench-upload: setup
+	$(PY) bench/upload_bench.py
 
 clean:
 	rm -rf $(DEMO_DIR) bench/out .pytest_cache
