@@ -198,3 +198,16 @@ def test_every_part_and_object_carries_a_correct_crc32c_checksum(s3, tmp_path):
     for url, header, body in seen:
         expected = base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode()
         assert header == expected, url
+
+
+def test_a_late_sidecar_uploads_the_newest_k_and_the_best(s3, tmp_path):
+    _, make_bucket = s3
+    client = make_bucket("ckpt-late")
+    local = tmp_path / "ckpt"
+    for step in range(1, 6):
+        fake_checkpoint(local, step, sizes=(100,), meta={"best": step == 1, "val_loss": float(step)})
+    (local / "best.json").write_text(json.dumps({"step": 1, "val_loss": 1.0}))
+    uploader = in_process_uploader(local, "s3://ckpt-late/r", keep=2)
+    assert uploader.run_once() == [1, 4, 5]
+    uploader.close()
+    assert manifest_steps(client, "ckpt-late", "r/") == [1, 4, 5]

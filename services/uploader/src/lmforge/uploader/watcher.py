@@ -22,6 +22,7 @@ from pathlib import Path
 from lmforge.common.checkpoint_layout import (
     COMMIT_MARKER,
     UPLOADED_MARKER,
+    best_checkpoint,
     committed_steps,
     parse_step,
     step_dir,
@@ -134,10 +135,11 @@ class CheckpointUploader:
     # -- one pass ------------------------------------------------------------------------
 
     def candidates(self, manifests: dict[int, dict]) -> list[int]:
-        """Committed local checkpoints not yet in the store: the newest `keep` (older ones
-        would be pruned at once), oldest first, skipping recent failures for a while."""
+        """Committed local checkpoints not yet in the store: the newest `keep` and the best
+        (others would be pruned at once), oldest first, skipping recent failures for a while."""
         committed = committed_steps(self.local_dir)
-        wanted = committed[-self.config.keep :]
+        best = best_checkpoint(self.local_dir)
+        wanted = sorted(set(committed[-self.config.keep :]) | ({best["step"]} if best else set()))
         now = time.monotonic()
         return [s for s in wanted if not self._in_store(s, manifests)
                 and now - self._failed_at.get(s, -1e18) >= self.config.retry_failed_after_seconds]
