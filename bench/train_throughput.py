@@ -45,7 +45,7 @@ def trainer_step_times(data: Path, run_dir: Path, steps: int, args) -> list[floa
 
     train(TrainConfig.model_validate(trainer_config(data, run_dir, steps, args)))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    times = [r["time"] for r in records if r["kind"] == "step"]
+    times = [r["timestamp"] for r in records if r["kind"] == "step"]
     return [b - a for a, b in zip(times, times[1:])]
 
 

@@ -266,7 +266,7 @@ def _log_step(run: Run, ctx: Dist, step: int, loss: float, grad_norm: float, lr:
     ranks = [{"step_seconds": r[0], "data_wait_seconds": r[1], "peak_memory_bytes": int(r[2])} for r in per_rank]
     totals = [sum(r[3 + i] for r in per_rank) for i in range(len(sampler.sources))]
     flops_per_second = flops_per_step / step_seconds
-    record = {"step": step, "time": time.time(), "loss": loss, "grad_norm": grad_norm, "lr": lr,
+    record = {"step": step, "timestamp": time.time(), "loss": loss, "grad_norm": grad_norm, "lr": lr,
               "step_seconds": step_seconds, "data_wait_seconds": data_wait,
               "tokens_per_second": tokens_per_step / step_seconds,
               "flops_per_second": flops_per_second,
