@@ -143,18 +143,17 @@ def test_a_hung_peer_ends_the_job_at_the_collective_timeout(tmp_path, data):
     assert "timed out" in stderr.lower() or "timeout" in stderr.lower(), stderr[-3000:]
 
 
-def test_step_log_lines_keep_the_logger_time_and_carry_a_timestamp(tmp_path, capsys):
+def test_step_log_lines_keep_the_logger_time_and_carry_a_timestamp(tmp_path):
     import json
 
-    from lmforge.trainer.config import TrainConfig
-    from lmforge.trainer.train import train
-
     data = random_output(tmp_path / "data", train_tokens=20000)
-    train(TrainConfig.model_validate({
-        "data": {"sources": [{"path": str(data)}], "seq_len": 16, "batch_size": 2},
-        "model": {"overrides": {"n_layer": 1, "n_embd": 32, "n_head": 2, "context_length": 16}},
-        "steps": 2, "run_dir": str(tmp_path / "run")}))
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    command = [sys.executable, "-m", "lmforge.trainer", f"data.sources=[{{path: {data}}}]", "data.seq_len=16",
+               "data.batch_size=2", "steps=2", f"run_dir={tmp_path / 'run'}",
+               "model.overrides={n_layer: 1, n_head: 2, n_embd: 32, context_length: 16}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     steps = [line for line in lines if line.get("event") == "step"]
     assert len(steps) == 2 and all(isinstance(line["time"], str) and "T" in line["time"] for line in steps)
     assert all(r["timestamp"] > 1.7e9 for r in read_metrics(tmp_path / "run"))
