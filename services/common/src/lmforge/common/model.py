@@ -77,6 +77,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.type_as(x)
 
 
+def apply_rope_at(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """apply_rope for tokens at arbitrary positions: x (B, H, T, D), positions (B, T)."""
+    cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (B, 1, T, D/2)
+    first, second = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    return rotated.type_as(x)
+
+
+class KVCache:
+    """Keys and values of up to `slots` sequences, each up to the context length: one
+    (slots, heads, context, head_dim) tensor pair per layer. A running sequence owns a slot."""
+
+    def __init__(self, config: GPTConfig, slots: int, device=None, dtype=torch.float32):
+        shape = (slots, config.n_head, config.context_length, config.head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.slots = slots
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -93,6 +116,26 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.config.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        return self.proj(y.transpose(1, 2).contiguous().view(batch, time, channels))
+
+    def forward_cached(self, x: torch.Tensor, rope, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                       positions: torch.Tensor) -> torch.Tensor:
+        """New tokens x (B, T, C) at `positions` (B, T) of the sequences in cache `slots` (B,):
+        their keys and values are written into the cache, then they attend to every cached
+        position up to their own."""
+        batch, time, channels = x.shape
+        heads = self.config.n_head
+        q, k, v = self.qkv(x).split(channels, dim=2)
+        q, k, v = (t.view(batch, time, heads, channels // heads).transpose(1, 2) for t in (q, k, v))
+        if rope is not None:
+            q, k = apply_rope_at(q, *rope, positions), apply_rope_at(k, *rope, positions)
+        rows = slots[:, None]
+        keys[rows, :, positions] = k.transpose(1, 2).to(keys.dtype)  # (B, T, H, D) at (slot, :, position)
+        values[rows, :, positions] = v.transpose(1, 2).to(values.dtype)
+        span = int(positions.max()) + 1
+        mask = torch.arange(span, device=x.device)[None, None, None, :] <= positions[:, None, :, None]
+        y = F.scaled_dot_product_attention(q, keys[slots, :, :span].to(q.dtype), values[slots, :, :span].to(q.dtype),
+                                           attn_mask=mask)
         return self.proj(y.transpose(1, 2).contiguous().view(batch, time, channels))
 
 
@@ -119,6 +162,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.ln_1(x), rope))
         return x + self.dropout(self.mlp(self.ln_2(x)))
+
+    def forward_cached(self, x: torch.Tensor, rope, keys, values, slots, positions) -> torch.Tensor:
+        x = x + self.attn.forward_cached(self.ln_1(x), rope, keys, values, slots, positions)
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -166,6 +213,23 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    @torch.no_grad()
+    def forward_cached(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                       slots: torch.Tensor) -> torch.Tensor:
+        """Inference with a KV cache: logits (B, T, vocab) for new tokens idx (B, T) at
+        `positions` (B, T) of the sequences held in cache `slots` (B,). Prefill passes a
+        prompt (positions 0..T-1); decode passes one token per sequence."""
+        if int(positions.max()) >= self.config.context_length:
+            raise ValueError(f"position {int(positions.max())} exceeds the context length "
+                             f"{self.config.context_length}")
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(positions)
+        rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
+        for layer, block in enumerate(self.blocks):
+            x = block.forward_cached(x, rope, cache.keys[layer], cache.values[layer], slots, positions)
+        return self.lm_head(self.ln_f(x))
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters counted once (the tied head is the embedding)."""

@@ -1,0 +1,1 @@
+"""lmforge inference service."""

@@ -1,0 +1,41 @@
+"""The KV-cache forward path equals the full forward pass, for prefill and for batched
+decode of sequences at different positions, with rotary and learned positions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmforge.common.model import GPT, GPTConfig, KVCache
+
+
+@pytest.mark.parametrize("positions_kind", ["rope", "learned"])
+def test_cached_prefill_and_decode_match_the_full_forward(positions_kind):
+    torch.manual_seed(0)
+    config = GPTConfig.preset("tiny", n_layer=2, n_embd=64, n_head=4, vocab_size=97, context_length=32,
+                              positions=positions_kind)
+    model = GPT(config).eval()
+    cache = KVCache(config, slots=3)
+    prompts = [torch.randint(0, 97, (n,)) for n in (5, 9, 2)]
+    sequences = [p.clone() for p in prompts]
+    slots = [2, 0, 1]  # slots need not follow the batch order
+    for seq, slot in zip(prompts, slots, strict=True):
+        logits = model.forward_cached(seq[None], torch.arange(len(seq))[None], cache, torch.tensor([slot]))
+        full, _ = model(seq[None])
+        torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
+    for _ in range(6):  # batched decode, every sequence at its own position
+        new = torch.randint(0, 97, (3, 1))
+        positions = torch.tensor([[len(s)] for s in sequences])
+        logits = model.forward_cached(new, positions, cache, torch.tensor(slots))
+        sequences = [torch.cat([s, n]) for s, n in zip(sequences, new, strict=True)]
+        for row, seq in enumerate(sequences):
+            full, _ = model(seq[None])
+            torch.testing.assert_close(logits[row, -1], full[0, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_positions_past_the_context_are_refused():
+    config = GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, vocab_size=11, context_length=8)
+    model = GPT(config).eval()
+    with pytest.raises(ValueError, match="context length"):
+        model.forward_cached(torch.zeros(1, 1, dtype=torch.long), torch.tensor([[8]]), KVCache(config, 1),
+                             torch.tensor([0]))
