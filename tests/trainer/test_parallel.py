@@ -80,12 +80,10 @@ def test_compiled_model_matches_eager(reference):
 def test_two_nodes_rendezvous_from_the_training_operator_environment(tmp_path):
     """Two torchrun agents ("pods") configured only by the PET_* variables that the Kubeflow
     Training Operator injects, as the PyTorchJob's Master and Worker run them."""
-    import socket
+    from tests.ports import free_port
 
     data = random_output(tmp_path / "data")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", "data.batch_size=4", "parallel.mode=ddp",
                  "steps=3", f"run_dir={tmp_path / 'run'}", *MODEL]
     pods = []

@@ -5,7 +5,6 @@ a hung peer ending the job at the collective timeout."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ports import free_port
 from tests.trainer.helpers import random_output, read_metrics
 
 DESIGN_NAMES = ["lmforge_train_step", "lmforge_train_loss", "lmforge_train_grad_norm", "lmforge_train_learning_rate",
@@ -21,12 +21,6 @@ DESIGN_NAMES = ["lmforge_train_step", "lmforge_train_loss", "lmforge_train_grad_
                 "lmforge_train_data_wait_seconds", "lmforge_train_nonfinite_steps_total",
                 "lmforge_train_peak_memory_bytes", "lmforge_train_last_checkpoint_step"]
 SMALL = "model.overrides={n_layer: 2, n_head: 4, n_embd: 64, context_length: 32}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(run_dir, data, *extra, nproc=2, mode="ddp", env_extra=None, model=SMALL) -> subprocess.Popen:

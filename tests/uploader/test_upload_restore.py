@@ -116,9 +116,9 @@ def test_wrong_credentials_fail_fast_with_a_clear_error(tmp_path):
     import sys
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from tests.ports import free_port
+
+    port = free_port()
     server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
                                "-p", str(port)], env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

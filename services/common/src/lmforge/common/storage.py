@@ -51,19 +51,19 @@ def local_path_of(uri: str) -> Path:
     return Path(urlparse(uri).path) if uri.startswith("file://") else Path(uri)
 
 
-def s3_client(bucket: str | None = None, endpoint_url: str | None = None):
+def s3_client(bucket: str | None = None, endpoint_url: str | None = None, **config):
     """A boto3 S3 client. Credentials come from the standard AWS chain; the endpoint
-    from the argument or AWS_ENDPOINT_URL(_S3). Public buckets are read unsigned."""
+    from the argument or AWS_ENDPOINT_URL(_S3). Public buckets are read unsigned.
+    `config` overrides botocore Config fields (retries, timeouts, pool size, s3 options)."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
 
     anonymous = bucket in PUBLIC_ANONYMOUS_BUCKETS and os.environ.get("LMFORGE_S3_ANONYMOUS", "1") != "0"
-    config = Config(
-        retries={"max_attempts": 8, "mode": "adaptive"},
-        signature_version=UNSIGNED if anonymous else None,
-    )
-    return boto3.client("s3", endpoint_url=endpoint_url, config=config)
+    settings = {"retries": {"max_attempts": 8, "mode": "adaptive"},
+                "signature_version": UNSIGNED if anonymous else None, **config}
+    # A session per client: boto3's default session is not safe to share across threads.
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=Config(**settings))
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -290,21 +290,29 @@ def open_store(uri: str | Path) -> Store:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[BinaryIO]:
-    """Open a temp file beside `path`; rename it over `path` only if the block succeeds."""
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temp path beside `path` for the block to fill; it is synced and renamed over `path`
+    only if the block succeeds, and removed otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, mode) as fh:
-            yield fh
-            fh.flush()
+        yield Path(tmp)
+        with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[BinaryIO]:
+    """Open a temp file beside `path`; rename it over `path` only if the block succeeds."""
+    with atomic_path(path) as tmp, open(tmp, mode) as fh:
+        yield fh
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

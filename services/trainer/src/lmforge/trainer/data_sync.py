@@ -11,10 +11,7 @@ CACHE_ROOT/BUCKET/PREFIX/ before training, and `ShardSource` memory-maps the loc
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -23,7 +20,15 @@ from pathlib import Path, PurePosixPath
 
 from lmforge.common.errors import ConfigError, LmforgeError, ShardFormatError, StorageError
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import S3Location, atomic_write_bytes, local_path_of, s3_client, scheme_of, sha256_file
+from lmforge.common.storage import (
+    S3Location,
+    atomic_path,
+    atomic_write_bytes,
+    local_path_of,
+    s3_client,
+    scheme_of,
+    sha256_file,
+)
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
@@ -186,23 +191,13 @@ def _fetch(transfers, bucket: str, key: str, target: Path, f: _File, verify_cach
     """Download one file unless the cache already has it; returns whether it downloaded."""
     if _problem(target, f, verify_cached) is None:
         return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
-    os.close(fd)
-    try:
+    with atomic_path(target) as tmp:
         try:
-            transfers.download(bucket, key, tmp).result()
+            transfers.download(bucket, key, str(tmp)).result()
         except Exception as exc:
             if isinstance(exc, LmforgeError):
                 raise
             raise StorageError(f"cannot download s3://{bucket}/{key}: {exc}") from exc
-        if problem := _problem(Path(tmp), f, check_sha256=True):
+        if problem := _problem(tmp, f, check_sha256=True):
             raise ShardFormatError(f"s3://{bucket}/{key}: {problem}")
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
     return True

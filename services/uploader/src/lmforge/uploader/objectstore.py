@@ -24,7 +24,7 @@ import crc32c
 from botocore.exceptions import ClientError
 
 from lmforge.common.errors import ConfigError, StorageError
-from lmforge.common.storage import atomic_write_bytes
+from lmforge.common.storage import atomic_write_bytes, s3_client
 from lmforge.uploader.config import TransferSection
 from lmforge.uploader.retry import Cancelled, RetryPolicy
 
@@ -49,23 +49,19 @@ def _error_code(exc: ClientError) -> str:
 
 class S3Destination:
     def __init__(self, uri: str, transfer: TransferSection, retry: RetryPolicy, endpoint_url: str | None = None):
-        import boto3
-        from botocore.config import Config
-
         parsed = urlparse(uri)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise ConfigError(f"destination {uri!r}: expected s3://BUCKET/PREFIX or file:///PATH")
         self.uri = uri.rstrip("/")
         self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
         self.transfer, self.retry = transfer, retry
-        config = Config(retries={"total_max_attempts": 1, "mode": "standard"},
-                        max_pool_connections=transfer.concurrency + 4,
-                        connect_timeout=transfer.connect_timeout_seconds, read_timeout=transfer.read_timeout_seconds,
-                        # Integrity comes from the CRC32C of each part (checked by S3) and the manifest's
-                        # sha256 (checked by restore): hashing every byte again to sign it adds nothing.
-                        s3={"payload_signing_enabled": False})
-        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        # RetryPolicy is the only retry layer. Integrity comes from the CRC32C of each part
+        # (checked by S3) and the manifest's sha256 (checked by restore): hashing every byte
+        # again to sign it adds nothing.
+        self.client = s3_client(self.bucket, endpoint_url, retries={"total_max_attempts": 1, "mode": "standard"},
+                                max_pool_connections=transfer.concurrency + 4,
+                                connect_timeout=transfer.connect_timeout_seconds,
+                                read_timeout=transfer.read_timeout_seconds, s3={"payload_signing_enabled": False})
         self.parts = ThreadPoolExecutor(transfer.concurrency, thread_name_prefix="lmforge-part")
 
     def key(self, rel: str) -> str:

@@ -104,21 +104,27 @@ class CheckpointUploader:
         self.cancel = threading.Event()  # grace period over: abort what is in flight
         self.final_uploaded = False
         self.last_uploaded_step = -1
+        self._manifests: dict[int, dict] = {}
         self._failed_at: dict[int, float] = {}
         self._files = ThreadPoolExecutor(2, thread_name_prefix="lmforge-file")
 
     # -- the store's view ----------------------------------------------------------------
 
     def remote_manifests(self) -> dict[int, dict]:
-        """Steps with a manifest in the store → the manifest."""
+        """Steps with a manifest in the store → the manifest. One listing per call; a
+        manifest never changes once written, so each is fetched only the first time."""
         listing = self.dest.list("checkpoints/")
         manifests = {}
         for rel in listing:
             parts = rel.split("/")
             if len(parts) == 3 and parts[2] == MANIFEST and (step := parse_step(parts[1])) is not None:
-                data = self.dest.get_bytes(rel)
-                if data is not None:
-                    manifests[step] = parse_manifest(data, f"{self.dest.uri}/{rel}")
+                if step not in self._manifests:
+                    data = self.dest.get_bytes(rel)
+                    if data is None:
+                        continue
+                    self._manifests[step] = parse_manifest(data, f"{self.dest.uri}/{rel}")
+                manifests[step] = self._manifests[step]
+        self._manifests = manifests  # forget pruned ones
         return manifests
 
     def start(self) -> None:
@@ -191,6 +197,7 @@ class CheckpointUploader:
             committed_at = (path / COMMIT_MARKER).stat().st_mtime
             entries = self._upload_files(step, path)
             self.dest.put_bytes(remote_step_prefix(step) + MANIFEST, build_manifest(step, entries, read_meta(path)))
+            self._manifests.pop(step, None)  # replaced: fetch the new one next time
         except Cancelled:
             log.warning("upload_cancelled", step=step, reason="shutdown grace period over; nothing published")
             return False
