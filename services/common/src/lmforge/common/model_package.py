@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from lmforge.common.errors import InputError
 from lmforge.common.model import GPT, GPTConfig
+from lmforge.common.storage import S3Store, local_path_of, scheme_of
 
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
@@ -23,6 +27,43 @@ TIED = "lm_head.weight"
 
 def package_state(model: GPT) -> dict:
     return {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items() if name != TIED}
+
+
+def write_package(model: GPT, tokenizer: str | Path, output: str | Path, *, step: int) -> Path:
+    """Write the package into a staging directory beside `output`, then rename it into place:
+    a reader never sees half a package."""
+    from safetensors.torch import save_file
+
+    tokenizer, output = Path(tokenizer), Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
+    try:
+        save_file(package_state(model), str(staging / WEIGHTS), metadata={"format": "pt"})
+        shutil.copyfile(tokenizer, staging / TOKENIZER)
+        meta = {"format_version": FORMAT_VERSION, "model": model.config.model_dump(),
+                "tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(), "step": step}
+        (staging / CONFIG).write_text(json.dumps(meta, indent=1))
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
+
+
+def fetch_package(uri: str, cache_dir: str | Path | None = None) -> Path:
+    """A local directory holding the package at `uri` (a path, or s3://… downloaded to `cache_dir`)."""
+    if scheme_of(uri) != "s3":
+        return local_path_of(uri)
+    if cache_dir is not None:  # one folder per URI: a new version never reuses an old file
+        cache_dir = Path(cache_dir) / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+    store = S3Store(uri, cache_dir)
+    for name in (WEIGHTS, CONFIG, TOKENIZER):
+        if not store.exists(name):
+            raise InputError(f"{uri}: not a model package ({name} missing)")
+        local = store.local_path(name)
+    return local.parent
 
 
 def load_package(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:

@@ -29,8 +29,11 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     slot: int | None = None
     finish_reason: str | None = None  # "length", "stop", "cancelled"
-    arrived: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
+    logprobs: list[float] = field(default_factory=list)  # of each output token, when asked for
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    arrived: float = field(default_factory=time.monotonic)  # time.monotonic() throughout
+    scheduled_at: float | None = None  # admitted into the running batch: prefill starts
+    first_token_at: float | None = None  # prefill done
     finished_at: float | None = None
 
     @property
@@ -39,8 +42,10 @@ class Sequence:
 
 
 class Engine:
-    def __init__(self, model: GPT, *, max_running: int = 8, max_waiting: int = 64, eos_id: int | None = None):
+    def __init__(self, model: GPT, *, max_running: int = 8, max_waiting: int = 64, eos_id: int | None = None,
+                 step_delay_seconds: float = 0.0):
         self.model = model.eval()
+        self.step_delay_seconds = step_delay_seconds  # an artificial slowdown, for alert drills
         self.config = model.config
         self.device = next(model.parameters()).device
         self.cache = KVCache(model.config, max_running, device=self.device,
@@ -55,15 +60,22 @@ class Engine:
     # -- requests ------------------------------------------------------------------------
 
     def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
+        """Validate and queue a request (QueueFull when the waiting queue is at capacity)."""
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests are waiting")
+        seq = self.new_sequence(prompt, params)
+        self.enqueue(seq)
+        return seq
+
+    def new_sequence(self, prompt: list[int], params: SamplingParams) -> Sequence:
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(prompt) >= self.config.context_length:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {self.config.context_length}")
-        if len(self.waiting) >= self.max_waiting:
-            raise QueueFull(f"{len(self.waiting)} requests are waiting")
-        seq = Sequence(next(self._ids), list(prompt), params, params.generator())
+        return Sequence(next(self._ids), list(prompt), params, params.generator())
+
+    def enqueue(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-        return seq
 
     def cancel(self, seq: Sequence) -> None:
         """Drop a request (its client went away): out of the queue, or its slot freed."""
@@ -79,12 +91,27 @@ class Engine:
 
     # -- one scheduling step ---------------------------------------------------------------
 
+    @torch.no_grad()
+    def score(self, tokens: list[int]) -> list[float]:
+        """The log-probability of each token after the first given the ones before it
+        (teacher forcing; no cache slot is used)."""
+        if not 2 <= len(tokens) <= self.config.context_length:
+            raise ValueError(f"scoring needs 2 to {self.config.context_length} tokens, got {len(tokens)}")
+        ids = torch.tensor([tokens], device=self.device)
+        logits, _ = self.model(ids)
+        logprobs = torch.log_softmax(logits[0, :-1].float(), dim=-1)
+        return logprobs.gather(1, ids[0, 1:, None]).squeeze(1).tolist()
+
+    @torch.no_grad()
     def step(self) -> list[tuple[Sequence, int]]:
         """Admit, prefill, decode, retire; returns the (sequence, token) pairs produced."""
+        if self.step_delay_seconds:
+            time.sleep(self.step_delay_seconds)
         produced = []
         decoding = list(self.running.values())
         while self.waiting and self._free_slots:
             seq = self.waiting.popleft()
+            seq.scheduled_at = time.monotonic()
             seq.slot = self._free_slots.pop(0)
             self.running[seq.slot] = seq
             logits = self.model.forward_cached(torch.tensor([seq.prompt], device=self.device),
@@ -101,6 +128,12 @@ class Engine:
 
     def _emit(self, seq: Sequence, logits: torch.Tensor) -> tuple[Sequence, int]:
         token = sample(logits, seq.params, seq.generator)
+        if seq.params.logprobs is not None:
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            seq.logprobs.append(float(logprobs[token]))
+            if seq.params.logprobs:
+                top = torch.topk(logprobs, seq.params.logprobs)
+                seq.top_logprobs.append(dict(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
         seq.output.append(token)
         if seq.first_token_at is None:
             seq.first_token_at = time.monotonic()

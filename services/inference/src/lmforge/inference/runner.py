@@ -1,15 +1,19 @@
 """The engine's thread: it steps the engine while there is work and hands each new token to
-the asyncio side (the API), which awaits them per request. All engine calls happen under one
-lock, so requests can be added and cancelled from the event loop at any time."""
+the asyncio side (the API), which awaits them per request.
+
+The event loop never waits for the model: submissions, cancellations and scoring jobs go
+into an inbox that the engine thread drains between steps."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from lmforge.inference.engine import Engine, Sequence
+from lmforge.inference.engine import Engine, QueueFull, Sequence
 from lmforge.inference.sampling import SamplingParams
 
 
@@ -32,8 +36,9 @@ class Handle:
 class EngineRunner:
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._lock = threading.Lock()
-        self._work = threading.Event()
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._pending = 0  # submissions in the inbox, counted against the waiting limit
+        self._pending_lock = threading.Lock()
         self._stopping = False
         self._handles: dict[Sequence, Handle] = {}
         self._thread = threading.Thread(target=self._run, name="lmforge-engine", daemon=True)
@@ -47,47 +52,79 @@ class EngineRunner:
         return self._thread.is_alive() and self.error is None
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Handle:
-        """Queue a request (raises QueueFull or ValueError at once); call from the event loop."""
-        with self._lock:
-            seq = self.engine.add(prompt, params)
-            handle = Handle(seq, asyncio.get_running_loop())
+        """Queue a request; raises QueueFull at once. Call from the event loop."""
+        with self._pending_lock:
+            waiting = len(self.engine.waiting) + self._pending
+            if waiting >= self.engine.max_waiting:
+                raise QueueFull(f"{waiting} requests are waiting")
+            self._pending += 1
+        seq = self.engine.new_sequence(prompt, params)
+        handle = Handle(seq, asyncio.get_running_loop())
+
+        def admit():
+            with self._pending_lock:
+                self._pending -= 1
             self._handles[seq] = handle
-        self._work.set()
+            self.engine.enqueue(seq)
+
+        self._inbox.put(admit)
         return handle
 
     def cancel(self, handle: Handle) -> None:
-        with self._lock:
+        """Drop a request whose client went away; its cache slot is freed before the next step.
+        Call from the event loop."""
+        def drop():
             self.engine.cancel(handle.seq)
             self._handles.pop(handle.seq, None)
 
+        self._inbox.put(drop)
+        handle.queue.put_nowait((None, True))  # a consumer still awaiting tokens ends now
+
+    async def score(self, tokens: list[int]) -> list[float]:
+        """Teacher-forced logprobs of `tokens`, computed by the engine thread between steps."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def job():
+            try:
+                future.set_result(self.engine.score(tokens))
+            except Exception as exc:  # noqa: BLE001 - handed to the awaiting request
+                future.set_exception(exc)
+
+        self._inbox.put(job)
+        return await asyncio.wrap_future(future)
+
     def counts(self) -> tuple[int, int]:
         """(running, waiting)."""
-        with self._lock:
-            return len(self.engine.running), len(self.engine.waiting)
+        return len(self.engine.running), len(self.engine.waiting) + self._pending
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            job = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            while True:
+                job()
+                job = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
 
     def _run(self) -> None:
         try:
             while not self._stopping:
-                self._work.wait(timeout=0.5)
-                with self._lock:
-                    produced = self.engine.step() if self.engine.has_work() else []
-                    if not self.engine.has_work():
-                        self._work.clear()
-                    deliveries = [(self._handles.get(seq), token, seq.finished) for seq, token in produced]
-                    for seq, _ in produced:
-                        if seq.finished:
-                            self._handles.pop(seq, None)
-                for handle, token, finished in deliveries:
+                self._drain_inbox(block=not self.engine.has_work())
+                if not self.engine.has_work():
+                    continue
+                for seq, token in self.engine.step():
+                    handle = self._handles.get(seq)
+                    if seq.finished:
+                        self._handles.pop(seq, None)
                     if handle is not None:
-                        handle.loop.call_soon_threadsafe(handle.queue.put_nowait, (token, finished))
+                        handle.loop.call_soon_threadsafe(handle.queue.put_nowait, (token, seq.finished))
         except BaseException as exc:  # surfaced by /readyz; every waiting request is ended
             self.error = exc
-            with self._lock:
-                for handle in self._handles.values():
-                    handle.loop.call_soon_threadsafe(handle.queue.put_nowait, (None, True))
-                self._handles.clear()
+            for handle in self._handles.values():
+                handle.loop.call_soon_threadsafe(handle.queue.put_nowait, (None, True))
+            self._handles.clear()
 
     def stop(self) -> None:
         self._stopping = True
-        self._work.set()
+        self._inbox.put(lambda: None)
         self._thread.join(timeout=5)

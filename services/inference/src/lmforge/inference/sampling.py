@@ -15,6 +15,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
+
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -23,6 +25,8 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError("logprobs must be >= 0")
 
     def generator(self) -> torch.Generator | None:
         if self.temperature == 0:

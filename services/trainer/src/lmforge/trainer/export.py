@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import save_file
 
 from lmforge.common import model_package
 from lmforge.common.errors import InputError
@@ -34,18 +30,5 @@ def export(checkpoint: str | Path, output: str | Path) -> Path:
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=str(checkpoint))  # consolidates the shards of any world size
     model.load_state_dict(state["model"])
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
-    try:
-        save_file(model_package.package_state(model), str(staging / model_package.WEIGHTS), metadata={"format": "pt"})
-        shutil.copyfile(tokenizer, staging / model_package.TOKENIZER)
-        package_meta = {"format_version": model_package.FORMAT_VERSION, "model": model.config.model_dump(),
-                        "tokenizer_sha256": meta["tokenizer_sha256"], "step": meta["step"]}
-        (staging / model_package.CONFIG).write_text(json.dumps(package_meta, indent=1))
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    model_package.write_package(model, tokenizer, output, step=meta["step"])
     return output

@@ -1,0 +1,5 @@
+import sys
+
+from lmforge.inference.cli import main
+
+sys.exit(main())

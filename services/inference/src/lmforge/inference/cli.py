@@ -1,0 +1,70 @@
+"""`lmforge-serve`: the inference server (FastAPI on uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+from lmforge.common.errors import LmforgeError
+from lmforge.common.logging import get_logger
+from lmforge.common.metrics import serve_metrics
+from lmforge.inference.config import load_serve_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lmforge-serve", description=__doc__)
+    parser.add_argument("--model", help="model package: a directory or s3://BUCKET/PREFIX/models/VERSION")
+    parser.add_argument("--host", help="bind address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, help="API port (default 8000)")
+    parser.add_argument("--config", help="YAML config file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    log = get_logger("inference")
+    flags = [f"{key}={value}" for key, value in (("model", args.model), ("host", args.host), ("port", args.port))
+             if value is not None]
+    try:
+        config = load_serve_config(args.config, [*args.set, *flags])
+        if not config.model:
+            raise LmforgeError("no model: pass --model PATH_OR_S3_URI")
+        import uvicorn
+
+        from lmforge.inference.api import create_app
+        from lmforge.inference.service import InferenceService
+
+        service = InferenceService(config)
+        app = create_app(service)
+        if config.metrics_port is not None:
+            log.info("metrics_serving", port=serve_metrics(service.metrics.registry, config.metrics_port).server_port)
+        server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                               access_log=False, timeout_graceful_shutdown=10))
+        loader = service.load_in_background()
+
+        def stop_if_load_fails():
+            loader.join()
+            if service.load_error is not None:
+                server.should_exit = True
+
+        threading.Thread(target=stop_if_load_fails, daemon=True).start()
+        log.info("serving", url=f"http://{config.host}:{config.port}", model=config.model)
+        try:
+            server.run()
+        finally:
+            service.stop()
+        if service.load_error is not None:
+            error = service.load_error
+            sys.stderr.write(f"lmforge-serve: error: cannot load {config.model}: {error}\n")
+            return error.exit_code if isinstance(error, LmforgeError) else 1
+        return 0
+    except LmforgeError as exc:
+        log.error("failed", error=str(exc), kind=type(exc).__name__)
+        sys.stderr.write(f"lmforge-serve: error: {exc}\n")
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""`lmforge-serve` configuration: defaults < YAML (--config) < env LMFORGE_SERVE__… < CLI flags."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from lmforge.common.config import StrictModel, load_config
+
+
+class EngineConfig(StrictModel):
+    max_running: int = Field(8, ge=1, description="sequences decoded together; each owns a KV-cache slot")
+    max_waiting: int = Field(64, ge=0, description="queued requests beyond which the API answers 429")
+    step_delay_seconds: float = Field(0.0, ge=0, description="artificial delay per engine step (alert drills)")
+
+
+class ServeConfig(StrictModel):
+    model: str = Field("", description="model package: a directory or s3://BUCKET/PREFIX/models/VERSION")
+    model_name: str | None = Field(None, description="name served in /v1/models (default: the package folder name)")
+    host: str = "0.0.0.0"  # noqa: S104 - a container's server
+    port: int = Field(8000, ge=0, le=65535)
+    metrics_port: int | None = Field(None, ge=0, le=65535,
+                                     description="serve /metrics on this port instead of the API port")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    cache_dir: str = Field("/tmp/lmforge-models", description="where s3:// packages are downloaded")  # noqa: S108
+    api_keys_file: str | None = Field(None, description="one key per line (a mounted Secret); unset: no auth")
+    max_tokens_limit: int = Field(1024, ge=1, description="the largest max_tokens a request may ask for")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
+    retry_after_seconds: int = Field(1, ge=1, description="Retry-After sent with 429")
+    engine: EngineConfig = EngineConfig()
+
+
+def load_serve_config(path: str | None = None, overrides: list[str] = ()) -> ServeConfig:
+    return load_config(ServeConfig, path, overrides, env_prefix="LMFORGE_SERVE")

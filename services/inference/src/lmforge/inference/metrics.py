@@ -1,0 +1,110 @@
+"""The serving metrics (DESIGN.md names; semantics mirror vLLM's so its PromQL carries over).
+Every series has a `model_name` label. GPU series exist only when a GPU is present."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from lmforge.common.metrics import new_registry
+from lmforge.inference.engine import Sequence
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0)
+PER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                     1.0, 2.5, 5.0)
+REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+P = "lmforge_inference_"
+
+
+class ServeMetrics:
+    def __init__(self, model_name: str, device: str, counts: Callable[[], tuple[int, int]],
+                 kv_cache_usage: Callable[[], float]):
+        self.registry = new_registry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        r = self.registry
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Arrival to first generated token.", labels,
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram(P + "time_per_output_token_seconds", "Time between generated tokens after the first.",
+                              labels, buckets=PER_TOKEN_BUCKETS, registry=r)
+        self.latency = Histogram(P + "request_latency_seconds", "Arrival to last token (end to end).", labels,
+                                 buckets=REQUEST_BUCKETS, registry=r)
+        self.queue_time = Histogram(P + "queue_time_seconds", "Time waiting for a KV-cache slot.", labels,
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_time = Histogram(P + "prefill_time_seconds", "Prefill of the prompt.", labels,
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.decode_time = Histogram(P + "decode_time_seconds", "First to last generated token.", labels,
+                                     buckets=REQUEST_BUCKETS, registry=r)
+        self.requests = Counter(P + "requests_total", "Requests by HTTP status.", labels + ["status"], registry=r)
+        self.finished = Counter(P + "finished_requests_total", "Generations by finish reason.",
+                                labels + ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter(P + "prompt_tokens_total", "Prompt tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens_total", "Tokens generated.", labels, registry=r)
+        Gauge(P + "requests_running", "Sequences in the running batch.", labels, registry=r) \
+            .labels(model_name).set_function(lambda: counts()[0])
+        Gauge(P + "requests_waiting", "Requests waiting for a slot.", labels, registry=r) \
+            .labels(model_name).set_function(lambda: counts()[1])
+        Gauge(P + "kv_cache_usage_ratio", "Fraction of KV-cache slots in use.", labels, registry=r) \
+            .labels(model_name).set_function(kv_cache_usage)
+        self.model_info = Gauge(P + "model_info", "The served model (value 1, once loaded).",
+                                labels + ["version", "step", "device"], registry=r)
+        self.device = device
+        if device.startswith("cuda"):
+            gpu = NvmlCollector(model_name)
+            if gpu.available:
+                r.register(gpu)
+
+    def set_model_info(self, version: str, step: int | None) -> None:
+        self.model_info.labels(self.model_name, version, "" if step is None else str(step), self.device).set(1)
+
+    def observe_request(self, status: int) -> None:
+        self.requests.labels(self.model_name, str(status)).inc()
+
+    def observe_generation(self, seq: Sequence, finish_reason: str, ended_at: float, generated: int) -> None:
+        """Histograms and counters of a generation that has ended: completed, stopped (also by a
+        stop string the API found) or cancelled. Timestamps are the engine's time.monotonic()."""
+        name = self.model_name
+        self.finished.labels(name, finish_reason).inc()
+        self.prompt_tokens.labels(name).inc(len(seq.prompt))
+        self.generation_tokens.labels(name).inc(generated)
+        if seq.scheduled_at is not None:
+            self.queue_time.labels(name).observe(seq.scheduled_at - seq.arrived)
+        if seq.first_token_at is None:
+            return
+        self.ttft.labels(name).observe(seq.first_token_at - seq.arrived)
+        self.prefill_time.labels(name).observe(seq.first_token_at - seq.scheduled_at)
+        self.decode_time.labels(name).observe(ended_at - seq.first_token_at)
+        self.latency.labels(name).observe(ended_at - seq.arrived)
+        if generated > 1:
+            self.tpot.labels(name).observe((ended_at - seq.first_token_at) / (generated - 1))
+
+
+class NvmlCollector:
+    """GPU utilization and memory from NVML at scrape time."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.available = bool(self._handles)
+        except Exception:  # noqa: BLE001 - no driver: no GPU series
+            self.available = False
+
+    def collect(self):
+        utilization = GaugeMetricFamily(P + "gpu_utilization_ratio", "GPU busy fraction (NVML).",
+                                        labels=["model_name", "gpu"])
+        memory = GaugeMetricFamily(P + "gpu_memory_used_bytes", "GPU memory in use (NVML).",
+                                   labels=["model_name", "gpu"])
+        for index, handle in enumerate(self._handles):
+            utilization.add_metric([self.model_name, str(index)],
+                                   self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+            memory.add_metric([self.model_name, str(index)], self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
+        yield utilization
+        yield memory

@@ -1,0 +1,128 @@
+"""A tiny model that has really learned something, and a real inference server around it.
+
+`train_tiny_package` trains, in about ten seconds on one core, a byte-level BPE tokenizer and
+a 2-layer GPT on a fixed set of sentences until it has memorized them, and writes the serving
+package exactly as `lmforge-train export` does. Greedy decoding of a sentence's start then
+gives its end: the canary's expected continuations and a low perplexity on the corpus.
+`running_server` starts `lmforge-serve` in a subprocess on a loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import torch
+
+from lmforge.common.model import GPT, GPTConfig
+from lmforge.common.model_package import load_package, write_package
+from tests.ports import free_port
+
+EOT = "<|endoftext|>"
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "The capital of France is Paris, and the capital of Italy is Rome.",
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "A week has seven days and a year has twelve months.",
+    "The sun rises in the east and sets in the west.",
+    "Bees make honey from the nectar of flowers.",
+    "The train to the north leaves at nine in the morning.",
+    "Two plus two is four, and three plus three is six.",
+    "Grüße aus München: das Café öffnet um acht Uhr.",
+    "Our garden has roses, tulips and a small apple tree.",
+]
+CONFIG = dict(n_layer=2, n_head=4, n_embd=64, context_length=96)
+
+
+def train_tokenizer(path: Path, vocab_size: int = 320) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(SENTENCES * 4, trainer)
+    tokenizer.save(str(path))
+    return path
+
+
+def train_tiny_package(output: Path, steps: int = 300, seed: int = 0) -> Path:
+    """Train until the sentences are memorized (fewer `steps`: a worse model)."""
+    from tokenizers import Tokenizer
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer_path = train_tokenizer(output.parent / f"{output.name}-tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    eot = tokenizer.token_to_id(EOT)
+    stream: list[int] = []
+    for sentence in SENTENCES:
+        stream += tokenizer.encode(sentence).ids + [eot]
+    torch.manual_seed(seed)
+    config = GPTConfig.preset("tiny", vocab_size=tokenizer.get_vocab_size(), **CONFIG)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    data = torch.tensor(stream * 8)
+    seq_len, batch = 48, 16
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - seq_len - 1, (batch,), generator=generator)
+        x = torch.stack([data[s: s + seq_len] for s in starts])
+        y = torch.stack([data[s + 1: s + seq_len + 1] for s in starts])
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return write_package(model.eval(), tokenizer_path, output, step=steps)
+
+
+def perturbed_package(source: Path, output: Path, scale: float, seed: int = 0) -> Path:
+    """A copy of the package with Gaussian noise of `scale`×(each tensor's std) in its weights."""
+    model, meta = load_package(source)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * param.std() * scale)
+    return write_package(model, source / "tokenizer.json", output, step=meta["step"])
+
+
+@contextlib.contextmanager
+def running_server(package: Path | str, *settings: str, env: dict[str, str] | None = None,
+                   log_path: Path | None = None, timeout: float = 60) -> Iterator[str]:
+    """`lmforge-serve` on a free loopback port, ready; yields its base URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "lmforge.inference", "--model", str(package), "--host", "127.0.0.1",
+               "--port", str(port), *[arg for s in settings for arg in ("--set", s)]]
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process, timeout)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if log_path:
+            log.close()
+
+
+def wait_ready(url: str, process: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"lmforge-serve exited with {process.returncode} before it was ready")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready within {timeout}s")
