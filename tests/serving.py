@@ -126,3 +126,27 @@ def wait_ready(url: str, process: subprocess.Popen | None = None, timeout: float
                 return
         time.sleep(0.1)
     raise TimeoutError(f"{url} not ready within {timeout}s")
+
+
+@contextlib.contextmanager
+def in_process_server(service) -> Iterator[str]:
+    """The app of an InferenceService on uvicorn in a thread (for tests that inspect the
+    service's objects, e.g. its in-memory span exporter); yields the base URL."""
+    import threading
+
+    import uvicorn
+
+    from lmforge.inference.api import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, timeout=30)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        service.stop()

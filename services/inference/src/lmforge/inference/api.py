@@ -48,10 +48,9 @@ def error_response(status: int, message: str, type_: str, param: str | None = No
 
 
 class BodyLimit:
-    """413 for a request body over `limit` bytes, by Content-Length or as it streams in."""
-
-    class TooLarge(Exception):
-        pass
+    """413 for a request body over `limit` bytes, by Content-Length or as it streams in. The
+    body is read here first (it is small by then) and replayed to the app, whose own body
+    parsing would otherwise turn the refusal into a generic 400."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -62,26 +61,25 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await self._reject(scope, receive, send)
-        received, started = 0, False
-
-        async def counting_receive():
-            nonlocal received
+        body, more = bytearray(), True
+        while more:
             message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.limit:
-                raise BodyLimit.TooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away mid-body
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                return await self._reject(scope, receive, send)
+        replayed = False
 
-        async def tracking_send(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
 
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except BodyLimit.TooLarge:
-            if not started:
-                await self._reject(scope, receive, send)
+        await self.app(scope, replay, send)
 
     async def _reject(self, scope, receive, send):
         response = error_response(413, f"request body larger than {self.limit} bytes", "invalid_request_error")

@@ -22,6 +22,7 @@ class Handle:
     seq: Sequence
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False
 
     async def tokens(self) -> AsyncIterator[int]:
         """Each generated token as it is produced; ends when the sequence finishes."""
@@ -77,6 +78,7 @@ class EngineRunner:
             self.engine.cancel(handle.seq)
             self._handles.pop(handle.seq, None)
 
+        handle.cancelled = True
         self._inbox.put(drop)
         handle.queue.put_nowait((None, True))  # a consumer still awaiting tokens ends now
 

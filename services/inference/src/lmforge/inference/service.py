@@ -149,7 +149,7 @@ class InferenceService:
                     yield pending
                     pending = Delta("")
             else:
-                reason = seq.finish_reason or "error"
+                reason = "cancelled" if handle.cancelled else seq.finish_reason or "error"
                 pending.text += stream.flush()
             if reason == "error":
                 raise NotReady(f"engine stopped: {self.runner.error}")

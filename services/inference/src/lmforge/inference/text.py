@@ -23,7 +23,10 @@ class Codec:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def token_text(self, token_id: int) -> str:
-        return self.decode([token_id])
+        """The token as text; a token holding part of a UTF-8 character is shown as its raw
+        byte-level vocabulary entry instead, so distinct tokens never look alike."""
+        text = self.decode([token_id])
+        return self.tokenizer.id_to_token(token_id) if "\ufffd" in text or not text else text
 
 
 class TextStream:

@@ -1,0 +1,72 @@
+"""Every kind of bad request gets a clear 4xx naming the problem, never a stack trace, and
+the server keeps serving everyone else."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+GOOD = {"prompt": "The sun", "max_tokens": 4, "temperature": 0}
+
+
+def post(url: str, body=None, **kwargs) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=30, **kwargs)
+
+
+@pytest.mark.parametrize("body, status, names", [
+    ({**GOOD, "prompt": "word " * 90}, 400, "prompt"),  # does not fit the 96-token context
+    ({**GOOD, "max_tokens": 95}, 400, "context"),  # prompt + max_tokens > context
+    ({**GOOD, "max_tokens": 0}, 422, "max_tokens"),
+    ({**GOOD, "max_tokens": 5000}, 422, "max_tokens"),  # above max_tokens_limit
+    ({**GOOD, "max_tokens": "many"}, 422, "max_tokens"),
+    ({**GOOD, "temperature": -0.5}, 422, "temperature"),
+    ({**GOOD, "temperature": 9}, 422, "temperature"),
+    ({**GOOD, "top_p": 0}, 422, "top_p"),
+    ({**GOOD, "top_p": 1.5}, 422, "top_p"),
+    ({**GOOD, "logprobs": 50}, 422, "logprobs"),
+    ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 422, "stop"),
+    ({**GOOD, "frequency_penalty": 1}, 422, "frequency_penalty"),  # unknown field
+    ({**GOOD, "prompt": ""}, 422, "prompt"),
+    ({"max_tokens": 3}, 422, "prompt"),  # missing
+    ({**GOOD, "model": "gpt-17"}, 404, "gpt-17"),
+    ([1, 2, 3], 422, "body"),
+])
+def test_invalid_requests_are_refused_with_a_message(server, body, status, names):
+    url, _ = server
+    response = post(url, body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert names in error["message"] and error["code"] == status
+    assert "Traceback" not in response.text
+
+
+def test_non_json_and_oversized_bodies(server):
+    url, _ = server
+    broken = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "x", ', timeout=10,
+                        headers={"content-type": "application/json"})
+    assert broken.status_code == 400 and "JSON" in broken.json()["error"]["message"]
+    huge = {**GOOD, "prompt": "x" * (2 << 20)}
+    too_big = post(url, huge)
+    assert too_big.status_code == 413 and "larger than" in too_big.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: the limit holds as the body streams in
+        data = json.dumps(huge).encode()
+        for i in range(0, len(data), 65536):
+            yield data[i:i + 65536]
+
+    streamed = httpx.post(f"{url}/v1/completions", content=chunks(), timeout=30,
+                          headers={"content-type": "application/json"})
+    assert streamed.status_code == 413
+    score = httpx.post(f"{url}/v1/score", json={"text": "a"}, timeout=10)
+    assert score.status_code == 400 and "text" in score.json()["error"]["message"]
+
+
+def test_the_server_keeps_serving_after_bad_requests(server):
+    url, _ = server
+    for bad in ({**GOOD, "top_p": 7}, {**GOOD, "prompt": "word " * 200}):
+        assert post(url, bad).status_code in (400, 422)
+    response = post(url, GOOD)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
+    assert httpx.get(f"{url}/readyz").status_code == 200

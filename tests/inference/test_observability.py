@@ -1,0 +1,128 @@
+"""What operators see: the DESIGN.md metric names with values that match the traffic sent,
+request spans with queue → prefill → decode children, OTLP export to a collector, and the
+trace id in each request's log line."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import httpx
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from lmforge.inference.config import ServeConfig
+from lmforge.inference.service import InferenceService
+from tests.inference.metrics_text import sample_value, samples
+from tests.serving import in_process_server, running_server
+
+DESIGN_NAMES = [
+    "lmforge_inference_time_to_first_token_seconds", "lmforge_inference_time_per_output_token_seconds",
+    "lmforge_inference_request_latency_seconds", "lmforge_inference_queue_time_seconds",
+    "lmforge_inference_requests_total", "lmforge_inference_prompt_tokens_total",
+    "lmforge_inference_generation_tokens_total", "lmforge_inference_requests_running",
+    "lmforge_inference_requests_waiting", "lmforge_inference_kv_cache_usage_ratio", "lmforge_inference_model_info",
+]
+
+
+def test_metrics_match_the_traffic(tiny_package):
+    with running_server(tiny_package, "engine.max_running=2") as url:
+        before = httpx.get(f"{url}/metrics").text
+        assert sample_value(before, "lmforge_inference_requests_total") == 0
+        generated = prompt = 0
+        for i, text in enumerate(["Bees make", "The sun rises", "Two plus two", "A week has", "Water"]):
+            body = httpx.post(f"{url}/v1/completions", json={"prompt": text, "max_tokens": 10 + i,
+                                                             "temperature": 0}).json()
+            generated += body["usage"]["completion_tokens"]
+            prompt += body["usage"]["prompt_tokens"]
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": "x", "top_p": 5}).status_code == 422
+        text = httpx.get(f"{url}/metrics").text
+
+    for name in DESIGN_NAMES:
+        assert samples(text, name) or samples(text, name + "_count"), name
+    count = lambda name: sample_value(text, name + "_count", {"model_name": "tiny-v1"})  # noqa: E731
+    assert sample_value(text, "lmforge_inference_requests_total", {"status": "200"}) == 5
+    assert sample_value(text, "lmforge_inference_requests_total", {"status": "422"}) == 1
+    assert sample_value(text, "lmforge_inference_generation_tokens_total") == generated
+    assert sample_value(text, "lmforge_inference_prompt_tokens_total") == prompt
+    for name in ("time_to_first_token_seconds", "request_latency_seconds", "queue_time_seconds",
+                 "time_per_output_token_seconds"):
+        assert count(f"lmforge_inference_{name}") == 5, name
+    ttft = sample_value(text, "lmforge_inference_time_to_first_token_seconds_sum")
+    latency = sample_value(text, "lmforge_inference_request_latency_seconds_sum")
+    assert 0 < ttft < latency < 30
+    assert sample_value(text, "lmforge_inference_requests_running") == 0
+    assert sample_value(text, "lmforge_inference_requests_waiting") == 0
+    assert sample_value(text, "lmforge_inference_kv_cache_usage_ratio") == 0
+    info = samples(text, "lmforge_inference_model_info")
+    assert [(s.labels["version"], s.labels["step"], s.labels["device"], s.value) for s in info] == \
+        [("tiny-v1", "300", "cpu", 1.0)]
+    assert "gpu" not in text  # no GPU here: the series are absent, not zero
+
+
+def test_spans_queue_prefill_decode_under_the_request_span(tiny_package):
+    exporter = InMemorySpanExporter()
+    service = InferenceService(ServeConfig(model=str(tiny_package)), span_exporter=exporter)
+    service.load()
+    with in_process_server(service) as url:
+        httpx.post(f"{url}/v1/completions", json={"prompt": "Bees make", "max_tokens": 5, "temperature": 0})
+        with httpx.stream("POST", f"{url}/v1/completions", json={"prompt": "The", "max_tokens": 5,
+                                                                 "stream": True}) as response:
+            list(response.iter_lines())
+    spans = exporter.get_finished_spans()
+    requests = [s for s in spans if s.name == "POST /v1/completions"]
+    assert len(requests) == 2
+    for request in requests:
+        children = sorted((s for s in spans if s.parent is not None and s.parent.span_id == request.context.span_id
+                           and s.name.startswith("inference.")), key=lambda s: s.start_time)
+        assert [c.name for c in children] == ["inference.queue", "inference.prefill", "inference.decode"]
+        assert all(c.context.trace_id == request.context.trace_id for c in children)
+        queue, prefill, decode = children
+        assert request.start_time <= queue.start_time <= queue.end_time <= prefill.start_time + 1000
+        assert prefill.end_time <= decode.start_time + 1000 and decode.end_time <= request.end_time
+        assert decode.attributes["lmforge.generated_tokens"] == 5
+        assert request.attributes["lmforge.finish_reason"] == "length"
+        assert request.attributes["http.status_code" if "http.status_code" in request.attributes
+                                  else "http.response.status_code"] == 200
+
+
+class _Collector(BaseHTTPRequestHandler):
+    received: list[bytes] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        _Collector.received.append(self.rfile.read(int(self.headers["content-length"])))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_traces_are_exported_with_otlp_and_the_trace_id_is_logged(tiny_package, tmp_path):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    collector = HTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    log = tmp_path / "serve.log"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.server_port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    try:
+        with running_server(tiny_package, env=env, log_path=log) as url:
+            httpx.post(f"{url}/v1/completions", json={"prompt": "Bees make", "max_tokens": 4})
+        # the server flushes its spans on shutdown at the latest
+    finally:
+        collector.shutdown()
+    names, trace_ids = set(), set()
+    for payload in _Collector.received:
+        request = ExportTraceServiceRequest.FromString(payload)
+        for resource_spans in request.resource_spans:
+            service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}["service.name"]
+            assert service == "lmforge-inference"
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    names.add(span.name)
+                    trace_ids.add(span.trace_id.hex())
+    assert {"POST /v1/completions", "inference.queue", "inference.prefill", "inference.decode"} <= names
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    completions = [line for line in lines if line["event"] == "completion"]
+    assert len(completions) == 1 and completions[0]["trace_id"] in trace_ids
