@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from lmforge.inference.config import ServeConfig
 from lmforge.inference.service import InferenceService
 from tests.inference.metrics_text import sample_value, samples
+from tests.ports import free_port
 from tests.serving import in_process_server, running_server
 
 DESIGN_NAMES = [
@@ -58,6 +59,15 @@ def test_metrics_match_the_traffic(tiny_package):
     assert [(s.labels["version"], s.labels["step"], s.labels["device"], s.value) for s in info] == \
         [("tiny-v1", "300", "cpu", 1.0)]
     assert "gpu" not in text  # no GPU here: the series are absent, not zero
+
+
+def test_metrics_on_their_own_port(tiny_package):
+    port = free_port()
+    with running_server(tiny_package, f"metrics_port={port}") as url:
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": "Bees", "max_tokens": 2}).status_code == 200
+        assert httpx.get(f"{url}/metrics").status_code == 404  # not on the API port
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert sample_value(text, "lmforge_inference_requests_total", {"status": "200"}) == 1
 
 
 def test_spans_queue_prefill_decode_under_the_request_span(tiny_package):
