@@ -8,8 +8,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SETUP_STAMP := $(VENV)/.lmforge-setup
-SERVICES := services/common services/dataprep services/trainer services/uploader services/inference
-APT_PACKAGES :=
+SERVICES := services/common services/dataprep services/trainer services/uploader services/inference services/canary
+APT_PACKAGES := prometheus-pushgateway prometheus
 BENCH_APT_PACKAGES := libmagic1 util-linux
 DEMO_DIR ?= demo-output
 
@@ -25,7 +25,7 @@ DEMO_DOCS ?= 3000
 DEMO_STEPS ?= 60
 
 .PHONY: setup demo test test-fast lint bench-dataprep bench-train-memory bench-train-throughput \
-	bench-checkpoint bench-upload clean
+	bench-checkpoint bench-upload bench-serve clean
 
 setup: $(SETUP_STAMP)
 
@@ -74,6 +74,9 @@ bench-checkpoint: setup
 
 bench-upload: setup
 	$(PY) bench/upload_bench.py
+
+bench-serve: setup
+	$(PY) bench/serve/serve_bench.py
 
 clean:
 	rm -rf $(DEMO_DIR) bench/out .pytest_cache

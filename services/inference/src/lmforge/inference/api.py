@@ -219,7 +219,7 @@ def create_app(service: InferenceService) -> FastAPI:
         if not 2 <= len(ids) <= service.context_length:
             raise ApiError(400, f"text: has {len(ids)} tokens; scoring needs 2 to {service.context_length}",
                            param="text")
-        ids, logprobs, perplexity = await service.score(body.text)
+        logprobs, perplexity = await service.score(ids)
         return Score(model=service.model_name, tokens=[service.codec.token_text(t) for t in ids], token_ids=ids,
                      token_logprobs=[None, *logprobs], total_logprob=sum(logprobs), perplexity=perplexity)
 

@@ -172,8 +172,7 @@ class InferenceService:
             if seq.params.logprobs:
                 delta.top_logprobs.append(seq.top_logprobs[index])
 
-    async def score(self, text: str) -> tuple[list[int], list[float], float]:
-        """(token ids, logprob of each token after the first, perplexity over them)."""
-        ids = self.codec.encode(text)
+    async def score(self, ids: list[int]) -> tuple[list[float], float]:
+        """(logprob of each token after the first, perplexity over them)."""
         logprobs = await self.runner.score(ids)
-        return ids, logprobs, math.exp(-sum(logprobs) / len(logprobs))
+        return logprobs, math.exp(-sum(logprobs) / len(logprobs))

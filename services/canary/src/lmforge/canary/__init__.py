@@ -1,0 +1,1 @@
+"""lmforge canary: the daily evaluation of the deployed model against a recorded baseline."""

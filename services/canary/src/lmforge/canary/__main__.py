@@ -1,0 +1,5 @@
+import sys
+
+from lmforge.canary.cli import main
+
+sys.exit(main())

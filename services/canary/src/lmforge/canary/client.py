@@ -1,0 +1,166 @@
+"""HTTP client of the deployed inference endpoint (lmforge-serve's OpenAI-compatible API).
+
+Connection errors, timeouts, 429 and 5xx are retried with exponential backoff (Retry-After
+honoured, capped); what is left maps onto the CLI's exit codes:
+- unreachable, or still failing after the retries: EndpointError (exit 4);
+- 401/403 (missing or wrong API key), or a model the endpoint does not serve: ConfigError (2);
+- 400/422 for one eval item (a text or prompt that does not fit the model): InputError (3)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from lmforge.canary.config import HttpSection
+from lmforge.common.errors import ConfigError, InputError, LmforgeError
+from lmforge.common.logging import get_logger
+
+API_KEY_ENV = "LMFORGE_CANARY_API_KEY"
+RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
+
+log = get_logger("canary")
+
+
+class EndpointError(LmforgeError):
+    """The inference endpoint cannot be reached or keeps failing."""
+
+    exit_code = 4
+
+
+def resolve_api_key(key_file: str | None, environ=None) -> str | None:
+    """The key from `key_file` (its first non-blank line not starting with '#'), else from
+    LMFORGE_CANARY_API_KEY, else None (no Authorization header)."""
+    environ = os.environ if environ is None else environ
+    if key_file:
+        try:
+            lines = Path(key_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--api-key-file {key_file}: cannot read: {exc}") from exc
+        keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        if not keys:
+            raise ConfigError(f"--api-key-file {key_file}: holds no key")
+        return keys[0]
+    return environ.get(API_KEY_ENV, "").strip() or None
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300] or response.reason_phrase
+
+
+class InferenceClient:
+    def __init__(self, endpoint: str, http: HttpSection, api_key: str | None = None, model: str | None = None):
+        self.endpoint = endpoint.rstrip("/")
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"--endpoint {endpoint!r}: expected an http(s):// URL")
+        self.http, self.model = http, model
+        headers = {"User-Agent": "lmforge-canary/0.1"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.client = httpx.Client(base_url=self.endpoint, headers=headers, timeout=httpx.Timeout(
+            http.read_timeout_seconds, connect=http.connect_timeout_seconds))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- transport --------------------------------------------------------------------------
+
+    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
+        delay = self.http.backoff_seconds * (2 ** (attempt - 1))
+        if response is not None:
+            retry_after = response.headers.get("retry-after", "")
+            if retry_after.isdigit():
+                delay = max(delay, float(retry_after))
+        return min(delay, self.http.backoff_max_seconds)
+
+    def request(self, method: str, path: str, item: str | None = None, **kwargs) -> Any:
+        """The JSON body of a 2xx answer; see the module docstring for the errors."""
+        url = f"{self.endpoint}{path}"
+        for attempt in range(1, self.http.attempts + 1):
+            response = problem = None
+            try:
+                response = self.client.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:  # connection refused, DNS, timeouts, broken connections
+                problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                if response.status_code not in RETRIED_STATUS:
+                    break
+                problem = f"HTTP {response.status_code}: {_error_message(response)}"
+            if attempt == self.http.attempts:
+                if response is None:
+                    raise EndpointError(f"cannot reach {url} after {attempt} attempt(s): {problem}")
+                raise EndpointError(f"{method} {url} failed after {attempt} attempt(s): {problem}")
+            delay = self._delay(attempt, response)
+            log.warning("request_retry", url=url, attempt=attempt, error=problem, retry_in_seconds=round(delay, 3))
+            time.sleep(delay)
+        status = response.status_code
+        if status in (401, 403):
+            raise ConfigError(f"{url}: HTTP {status}: {_error_message(response)} (pass the key with --api-key-file "
+                              f"or {API_KEY_ENV})")
+        if status == 404 and self.model is not None and "model" in _error_message(response):
+            raise ConfigError(f"{url}: {_error_message(response)} (config `model`)")
+        if status in (400, 413, 422) and item is not None:
+            raise InputError(f"{item}: the endpoint rejected it: HTTP {status}: {_error_message(response)}")
+        if status >= 300:
+            raise EndpointError(f"{method} {url}: HTTP {status}: {_error_message(response)}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise EndpointError(f"{method} {url}: the answer is not JSON: {response.text[:200]!r}") from exc
+
+    # -- the API ----------------------------------------------------------------------------
+
+    def model_name(self) -> str:
+        """The model under test: config `model` (checked against GET /v1/models), else the
+        first model the endpoint serves."""
+        body = self.request("GET", "/v1/models")
+        try:
+            served = [entry["id"] for entry in body["data"]]
+        except (KeyError, TypeError) as exc:
+            raise EndpointError(f"{self.endpoint}/v1/models: unexpected answer {str(body)[:200]}") from exc
+        if not served:
+            raise EndpointError(f"{self.endpoint}/v1/models: the endpoint serves no model")
+        if self.model is not None:
+            if self.model not in served:
+                raise ConfigError(f"model {self.model!r} is not served by {self.endpoint} (it serves {served})")
+            return self.model
+        return served[0]
+
+    def _with_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "model": self.model} if self.model is not None else body
+
+    def score(self, text: str, item: str) -> list[float]:
+        """POST /v1/score: the logprob of each token of `text` after the first."""
+        body = self.request("POST", "/v1/score", item=item, json=self._with_model({"text": text}))
+        try:
+            logprobs = [float(lp) for lp in body["token_logprobs"][1:]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EndpointError(f"{self.endpoint}/v1/score: unexpected answer for {item}: {str(body)[:200]}") from exc
+        if not logprobs:
+            raise EndpointError(f"{self.endpoint}/v1/score: no scored tokens for {item}")
+        return logprobs
+
+    def complete(self, prompt: str, max_tokens: int, stop: list[str], item: str) -> tuple[str, str | None]:
+        """POST /v1/completions, greedy: (text, finish_reason)."""
+        request = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0}
+        if stop:
+            request["stop"] = stop
+        body = self.request("POST", "/v1/completions", item=item, json=self._with_model(request))
+        try:
+            choice = body["choices"][0]
+            return str(choice["text"]), choice.get("finish_reason")
+        except (KeyError, IndexError, TypeError) as exc:
+            raise EndpointError(f"{self.endpoint}/v1/completions: unexpected answer for {item}: "
+                                f"{str(body)[:200]}") from exc

@@ -1,0 +1,94 @@
+"""Real Prometheus components on loopback for tests (DESIGN.md: the Debian packages, started by
+fixtures): the Pushgateway, and helpers to read what it holds."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.ports import free_port
+
+PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
+
+
+def _binary(default: str, name: str) -> str:
+    found = default if Path(default).exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found (install the Debian package {name}: `make setup`)")
+    return found
+
+
+def _wait_ready(url: str, process: subprocess.Popen, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} before it was ready")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} at {url} not ready within {timeout}s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def running_pushgateway(log_path: Path | None = None, timeout: float = 30) -> Iterator[str]:
+    """`prometheus-pushgateway` on a free loopback port, ready; yields its URL. Metrics are kept in
+    memory only (Debian's default persists them to /var/lib/prometheus/pushgateway.data)."""
+    port = free_port()
+    command = [_binary(PUSHGATEWAY, "prometheus-pushgateway"), f"--web.listen-address=127.0.0.1:{port}",
+               "--persistence.file=", "--log.level=warn"]
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, process, "prometheus-pushgateway", timeout)
+        yield url
+    finally:
+        _stop(process)
+        if log_path:
+            log.close()
+
+
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample on `url`/metrics as (name, labels, value)."""
+    response = httpx.get(f"{url}/metrics", timeout=5)
+    response.raise_for_status()
+    return [(s.name, dict(s.labels), s.value) for family in text_string_to_metric_families(response.text)
+            for s in family.samples]
+
+
+def pushed_value(url: str, name: str, **group: str) -> float | None:
+    """The value of `name` in the Pushgateway group whose labels (job and grouping key) are
+    exactly `group`, or None if that group does not hold it. (The Pushgateway adds an empty
+    `instance` label to every series; it is ignored.)"""
+    def labels_of(got: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in got.items() if not (k == "instance" and v == "")}
+
+    found = [value for sample, got, value in scrape(url) if sample == name and labels_of(got) == group]
+    if len(found) > 1:
+        raise AssertionError(f"{len(found)} series {name}{group}; expected at most one")
+    return found[0] if found else None
+
+
+def pushed_groups(url: str) -> list[dict]:
+    """The Pushgateway's groups (GET /api/v1/metrics): each with `labels` (the grouping key,
+    job included) and one entry per metric family."""
+    response = httpx.get(f"{url}/api/v1/metrics", timeout=5)
+    response.raise_for_status()
+    return response.json()["data"]
