@@ -25,3 +25,24 @@ def render(values: dict[str, Any] | None = None, release: str = "lmforge", names
 
 def find(objects: list[dict], kind: str, name: str | None = None) -> list[dict]:
     return [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+CRDS = Path(__file__).resolve().parents[2] / "shared" / "crds"
+CRD_FILES = {
+    "PyTorchJob": "kubeflow.org_pytorchjobs.yaml",
+    "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
+    "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
+    "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
+}
+
+
+def crd_errors(obj: dict) -> list[str]:
+    """Where `obj` breaks the upstream CRD's openAPIV3Schema (../shared/crds), as messages."""
+    import jsonschema
+
+    crd = yaml.safe_load((CRDS / CRD_FILES[obj["kind"]]).read_text())
+    group, version = obj["apiVersion"].split("/")
+    assert crd["spec"]["group"] == group, obj["apiVersion"]
+    schema = next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
+    validator = jsonschema.Draft7Validator(schema)
+    return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(obj)]

@@ -92,3 +92,59 @@ def pushed_groups(url: str) -> list[dict]:
     response = httpx.get(f"{url}/api/v1/metrics", timeout=5)
     response.raise_for_status()
     return response.json()["data"]
+
+
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+@contextlib.contextmanager
+def running_prometheus(workdir: Path, scrape_configs: list[dict], rule_files: list[Path] = (),
+                       interval: str = "1s", timeout: float = 60) -> Iterator[str]:
+    """`prometheus` on a free loopback port with its TSDB in `workdir` (Debian's default is
+    /var/lib/prometheus), scraping and evaluating every `interval`; yields its URL."""
+    import yaml
+
+    port = free_port()
+    config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+              "rule_files": [str(p) for p in rule_files], "scrape_configs": scrape_configs}
+    config_path = workdir / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    command = [_binary(PROMETHEUS, "prometheus"), f"--config.file={config_path}",
+               f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+               "--log.level=warn"]
+    with open(workdir / "prometheus.log", "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(url, process, "prometheus", timeout)
+            yield url
+        finally:
+            _stop(process)
+
+
+def static_job(name: str, url: str, honor_labels: bool = False, path: str = "/metrics") -> dict:
+    """A scrape job for one loopback target given by its base URL."""
+    job = {"job_name": name, "metrics_path": path, "static_configs": [{"targets": [url.split("://", 1)[1]]}]}
+    if honor_labels:
+        job["honor_labels"] = True
+    return job
+
+
+def query(url: str, promql: str) -> list[dict]:
+    """The result vector of an instant query (raises on a PromQL error)."""
+    response = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10)
+    body = response.json()
+    if body.get("status") != "success":
+        raise AssertionError(f"query failed: {promql}: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def alerts(url: str) -> list[dict]:
+    """Active alerts (pending and firing) as /api/v1/alerts lists them."""
+    return httpx.get(f"{url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+
+
+def targets_up(url: str) -> dict[str, bool]:
+    """job → whether its (single) target's last scrape succeeded."""
+    active = httpx.get(f"{url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+    return {t["labels"]["job"]: t["health"] == "up" for t in active}
