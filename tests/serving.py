@@ -93,12 +93,12 @@ def perturbed_package(source: Path, output: Path, scale: float, seed: int = 0) -
 
 @contextlib.contextmanager
 def running_server(package: Path | str, *settings: str, env: dict[str, str] | None = None,
-                   log_path: Path | None = None, timeout: float = 60) -> Iterator[str]:
-    """`lmforge-serve` on a free loopback port, ready; yields its base URL."""
-    port = free_port()
+                   log_path: Path | None = None, timeout: float = 60, port: int | None = None) -> Iterator[str]:
+    """`lmforge-serve` on a loopback port (a free one unless given), ready; yields its base URL."""
+    port = port or free_port()
     command = [sys.executable, "-m", "lmforge.inference", "--model", str(package), "--host", "127.0.0.1",
                "--port", str(port), *[arg for s in settings for arg in ("--set", s)]]
-    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"

@@ -12,7 +12,7 @@ JOBS = {"lmforge-inference", "lmforge-trainer", "lmforge-uploader"}
 
 def job_of(monitor: dict) -> str:
     endpoints = monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"]
-    (relabel,) = [r for r in endpoints[0]["relabelings"] if r["targetLabel"] == "job"]
+    (relabel,) = [r for r in endpoints[0]["relabelings"] if r.get("targetLabel") == "job"]
     return relabel["replacement"]
 
 
@@ -26,6 +26,8 @@ def test_monitors_validate_and_carry_the_contract_job_names():
         assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
     (inference,) = find(objects, "ServiceMonitor")
     assert inference["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "inference"
+    (ready,) = [r for r in inference["spec"]["endpoints"][0]["relabelings"] if r.get("action") == "keep"]
+    assert "__meta_kubernetes_endpoint_ready" in ready["sourceLabels"]  # not-ready pods are not targets
     trainer = find(objects, "PodMonitor", "lmforge-trainer")[0]
     assert trainer["spec"]["selector"]["matchLabels"]["training.kubeflow.org/job-role"] == "master"
 

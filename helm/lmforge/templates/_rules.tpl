@@ -1,0 +1,397 @@
+{{- /*
+The platform's Prometheus rules: recording rules the dashboards and alerts read, then one alert
+group per service. Rendered twice with the same content: as a PrometheusRule
+(prometheusrule.yaml) and as a plain rule file in a ConfigMap (rules-configmap.yaml).
+
+Conventions:
+- thresholds and `for:` come from .Values.alerts (documented there); alerts.forOverride, when
+  set, replaces every `for:`;
+- counters are read with their `_total` name, histograms with `_bucket`; nothing assumes a
+  fleet size (no replica counts, per-replica or per-model thresholds only);
+- series are selected by metric name; `job` is used only where a name is shared (`up`, the
+  Pushgateway's push_time_seconds) and then with the fixed contract job names;
+- Prometheus templates in annotations are written as Helm raw strings: {{`{{ $labels.x }}`}}.
+*/ -}}
+
+{{/* The runbook_url annotation line of alert .alert (a new line, indented as an annotation of
+     lmforge.ruleGroups), or nothing when no base URL is set. */}}
+{{- define "lmforge.runbookUrl" -}}
+{{- with .root.Values.monitoring.runbookBaseUrl }}
+        runbook_url: {{ printf "%s/docs/operations.md#%s" (trimSuffix "/" .) (lower $.alert) | quote }}
+{{- end -}}
+{{- end -}}
+
+{{- define "lmforge.ruleGroups" -}}
+{{- $w := .Values.monitoring.rateWindow -}}
+{{- $override := .Values.alerts.forOverride -}}
+{{- $i := .Values.alerts.inference -}}
+{{- $c := .Values.alerts.canary -}}
+{{- $t := .Values.alerts.training -}}
+{{- $d := .Values.alerts.dataprep -}}
+{{- /* Pushgateway groups of data-prep workers pushed recently (groups of old runs stay there). */ -}}
+{{- $recent := printf "(time() - push_time_seconds{job=\"lmforge-dataprep\"} < %v * 3600)" $d.recentHours -}}
+# -- Recording rules: what the dashboards plot and the alerts compare ----------------------
+- name: lmforge.inference.recording
+  rules:
+    - record: lmforge:inference_requests:rate
+      expr: sum by (model_name, status) (rate(lmforge_inference_requests_total[{{ $w }}]))
+    # 0 (not "no data") while there is traffic but no 5xx series yet.
+    - record: lmforge:inference_errors_5xx:ratio
+      expr: |
+        (
+            sum by (model_name) (lmforge:inference_requests:rate{status=~"5.."})
+          or
+            sum by (model_name) (lmforge:inference_requests:rate) * 0
+        )
+        / sum by (model_name) (lmforge:inference_requests:rate)
+    {{- range $q := list "50" "95" "99" }}
+    - record: lmforge:inference_ttft_seconds:p{{ $q }}
+      expr: histogram_quantile(0.{{ $q }}, sum by (model_name, le) (rate(lmforge_inference_time_to_first_token_seconds_bucket[{{ $w }}])))
+    {{- end }}
+    {{- range $q := list "50" "95" }}
+    - record: lmforge:inference_tpot_seconds:p{{ $q }}
+      expr: histogram_quantile(0.{{ $q }}, sum by (model_name, le) (rate(lmforge_inference_time_per_output_token_seconds_bucket[{{ $w }}])))
+    {{- end }}
+    {{- range $q := list "50" "95" }}
+    - record: lmforge:inference_latency_seconds:p{{ $q }}
+      expr: histogram_quantile(0.{{ $q }}, sum by (model_name, le) (rate(lmforge_inference_request_latency_seconds_bucket[{{ $w }}])))
+    {{- end }}
+    - record: lmforge:inference_queue_time_seconds:p95
+      expr: histogram_quantile(0.95, sum by (model_name, le) (rate(lmforge_inference_queue_time_seconds_bucket[{{ $w }}])))
+    - record: lmforge:inference_generation_tokens:rate
+      expr: sum by (model_name) (rate(lmforge_inference_generation_tokens_total[{{ $w }}]))
+    - record: lmforge:inference_prompt_tokens:rate
+      expr: sum by (model_name) (rate(lmforge_inference_prompt_tokens_total[{{ $w }}]))
+- name: lmforge.dataprep.recording
+  rules:
+    # Pushed counters: cumulative values per worker push, summed over the Pushgateway's groups.
+    - record: lmforge:dataprep_documents:sum
+      expr: sum by (stage, outcome) (lmforge_dataprep_documents_total)
+    - record: lmforge:dataprep_drop:ratio
+      expr: |
+        lmforge:dataprep_documents:sum{outcome="dropped"}
+        / ignoring (outcome) lmforge:dataprep_documents:sum{outcome="in"}
+    - record: lmforge:dataprep_dropped_by_reason:ratio
+      expr: |
+        sum by (stage, reason) (lmforge_dataprep_dropped_documents_total)
+        / on (stage) group_left lmforge:dataprep_documents:sum{outcome="in"}
+- name: lmforge.training.recording
+  rules:
+    - record: lmforge:train_loss:avg_30m
+      expr: avg_over_time(lmforge_train_loss[30m])
+{{- if $i.enabled }}
+# -- Inference ------------------------------------------------------------------------------
+- name: lmforge.inference.alerts
+  rules:
+    - alert: LmforgeInferenceTTFTHigh
+      expr: lmforge:inference_ttft_seconds:p95 > {{ $i.ttft.p95Seconds }}
+      for: {{ $override | default $i.ttft.for }}
+      labels:
+        severity: warning
+        service: inference
+      annotations:
+        summary: {{`'Time to first token p95 of {{ $labels.model_name }} above its SLO'`}}
+        description: >-
+          {{`The p95 time to first token of {{ $labels.model_name }} is {{ $value | humanizeDuration }}`}}
+          (SLO {{ $i.ttft.p95Seconds }}s, over {{ $w }}).
+        runbook: >-
+          Check the queue first (lmforge_inference_requests_waiting, the queue-time p95): a long queue
+          means too few replicas or too much traffic, so scale the Deployment out. With a short queue,
+          look at prefill time (long prompts) and GPU utilization for a slow or throttled device.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeInferenceTTFTHigh") }}
+    - alert: LmforgeInferenceTPOTHigh
+      expr: lmforge:inference_tpot_seconds:p95 > {{ $i.tpot.p95Seconds }}
+      for: {{ $override | default $i.tpot.for }}
+      labels:
+        severity: warning
+        service: inference
+      annotations:
+        summary: {{`'Time per output token p95 of {{ $labels.model_name }} above its SLO'`}}
+        description: >-
+          {{`The p95 time per output token of {{ $labels.model_name }} is {{ $value | humanizeDuration }}`}}
+          (SLO {{ $i.tpot.p95Seconds }}s, over {{ $w }}).
+        runbook: >-
+          Decoding is slow: check the running batch size (lmforge_inference_requests_running) against
+          the KV-cache usage and GPU utilization. A full batch on every replica needs more replicas; a
+          small batch with low GPU utilization points at the device or the node (CPU throttling, noisy
+          neighbours).
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeInferenceTPOTHigh") }}
+    - alert: LmforgeInferenceErrorRateHigh
+      expr: lmforge:inference_errors_5xx:ratio > {{ $i.errors.ratio }}
+      for: {{ $override | default $i.errors.for }}
+      labels:
+        severity: critical
+        service: inference
+      annotations:
+        summary: {{`'{{ $labels.model_name }} answers too many requests with 5xx'`}}
+        description: >-
+          {{`{{ $value | humanizePercentage }} of the requests to {{ $labels.model_name }} failed with a 5xx`}}
+          (threshold {{ $i.errors.ratio }}, over {{ $w }}).
+        runbook: >-
+          Read the inference pods' logs (kubectl logs, level "error": every 500 is logged with its trace
+          id) and open one trace. A failed engine or model load also shows on /readyz; a recent rollout
+          of a new model version is the first suspect: roll it back.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeInferenceErrorRateHigh") }}
+    - alert: LmforgeInferenceQueueSaturated
+      expr: lmforge_inference_requests_waiting > {{ $i.queue.waiting }}
+      for: {{ $override | default $i.queue.for }}
+      labels:
+        severity: warning
+        service: inference
+      annotations:
+        summary: {{`'Requests queue up on {{ $labels.instance }} ({{ $labels.model_name }})'`}}
+        description: >-
+          {{`{{ $value }} requests are waiting for a slot on {{ $labels.instance }} ({{ $labels.model_name }})`}}
+          (threshold {{ $i.queue.waiting }}); beyond max_waiting the server answers 429.
+        runbook: >-
+          The replica is at capacity: check the request rate and whether the HorizontalPodAutoscaler
+          (if any) is at its maximum, then scale the Deployment out. If only one replica queues while
+          others idle, check the Service's load balancing (long-lived streaming connections).
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeInferenceQueueSaturated") }}
+    - alert: LmforgeInferenceNoReadyReplicas
+      # A replica counts once it is scraped and has loaded its model (lmforge_inference_model_info).
+      expr: |
+        absent(
+            up{job="lmforge-inference"} == 1
+          and on (job, instance)
+            lmforge_inference_model_info == 1
+        )
+      for: {{ $override | default $i.noReadyReplicas.for }}
+      labels:
+        severity: critical
+        service: inference
+      annotations:
+        summary: 'No inference replica is serving'
+        description: >-
+          No lmforge-inference target is up with a loaded model: the completions API is down.
+        runbook: >-
+          kubectl get pods -l app.kubernetes.io/component=inference, then describe a pod: pending
+          (no GPU node, quota), crash-looping (kubectl logs --previous: the model package could not be
+          fetched or loaded), or running but not ready (/readyz says why).
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeInferenceNoReadyReplicas") }}
+{{- end }}
+{{- if $c.enabled }}
+# -- Canary ---------------------------------------------------------------------------------
+- name: lmforge.canary.alerts
+  rules:
+    - alert: LmforgeCanaryRegression
+      # Only models whose canary ran recently: the Pushgateway keeps retired models' groups.
+      expr: |
+        lmforge_canary_passed == 0
+        and on (model)
+        (time() - lmforge_canary_last_run_timestamp_seconds < {{ $c.staleHours }} * 3600)
+      for: {{ $override | default $c.regression.for }}
+      labels:
+        severity: critical
+        service: canary
+      annotations:
+        summary: {{`'The canary of {{ $labels.model }} failed: the deployed model regressed'`}}
+        description: >-
+          {{`The last canary run against {{ $labels.model }} did not pass`}} (lmforge_canary_passed is 0):
+          its perplexity or score is outside the baseline's tolerance.
+        runbook: >-
+          Read the canary Job's report (kubectl logs of the last lmforge-canary job) and compare
+          lmforge_canary_perplexity and lmforge_canary_score with the baseline. If the deployed model
+          version changed since the baseline, roll back the inference Deployment or make a new baseline
+          once the new model is judged good.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeCanaryRegression") }}
+    - alert: LmforgeCanaryStale
+      expr: |
+        time() - max(lmforge_canary_last_run_timestamp_seconds) > {{ $c.staleHours }} * 3600
+        or
+        absent(lmforge_canary_last_run_timestamp_seconds)
+      for: {{ $override | default $c.stale.for }}
+      labels:
+        severity: warning
+        service: canary
+      annotations:
+        summary: 'The canary has not run for more than {{ $c.staleHours }} h'
+        description: >-
+          The newest lmforge_canary_last_run_timestamp_seconds in the Pushgateway is older than
+          {{ $c.staleHours }} h, or there is none: the deployed model is not being checked.
+        runbook: >-
+          kubectl get cronjob,jobs for the canary: a suspended CronJob, failed Jobs (kubectl logs: the
+          endpoint unreachable, or the Pushgateway push failed), or a fresh install whose first run has
+          not happened yet (start one with kubectl create job --from=cronjob/...).
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeCanaryStale") }}
+{{- end }}
+{{- if $t.enabled }}
+# -- Training and checkpoint upload ---------------------------------------------------------
+- name: lmforge.training.alerts
+  rules:
+    - alert: LmforgeTrainingStalled
+      # While rank 0 is up (the job runs), the step counter has not moved.
+      expr: |
+        changes(lmforge_train_step[{{ $t.stalled.window }}]) == 0
+        and on (job, instance)
+        up{job="lmforge-trainer"} == 1
+      for: {{ $override | default $t.stalled.for }}
+      labels:
+        severity: critical
+        service: training
+      annotations:
+        summary: {{`'Training on {{ $labels.instance }} is not making progress'`}}
+        description: >-
+          {{`lmforge_train_step on {{ $labels.instance }} has not changed`}} for {{ $t.stalled.window }}
+          while the trainer is up.
+        runbook: >-
+          Look at the trainer pods' last log lines and lmforge_train_data_wait_seconds: a data wait
+          means the shard store or prefetch is stuck; no log on one rank means a hung collective (NCCL)
+          on one node: delete the PyTorchJob's pods to restart from the last checkpoint.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeTrainingStalled") }}
+    - alert: LmforgeTrainingLossSpike
+      expr: lmforge_train_loss > {{ $t.lossSpike.factor }} * lmforge:train_loss:avg_30m
+      for: {{ $override | default $t.lossSpike.for }}
+      labels:
+        severity: warning
+        service: training
+      annotations:
+        summary: {{`'Training loss spiked on {{ $labels.instance }}'`}}
+        description: >-
+          {{`The training loss is {{ $value | printf "%.3f" }}`}}, more than {{ $t.lossSpike.factor }} times
+          its 30-minute average.
+        runbook: >-
+          Check lmforge_train_grad_norm and the learning rate at the spike: a grad-norm blow-up after a
+          warm-up or a learning-rate change points at optimisation settings; a spike on particular
+          steps points at bad data in a shard. If the loss does not come back, restart from the last
+          good checkpoint with a lower learning rate or skip the data.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeTrainingLossSpike") }}
+    - alert: LmforgeTrainingNonFiniteSteps
+      expr: increase(lmforge_train_nonfinite_steps_total[{{ $t.nonfinite.window }}]) > {{ $t.nonfinite.maxSteps }}
+      for: {{ $override | default $t.nonfinite.for }}
+      labels:
+        severity: warning
+        service: training
+      annotations:
+        summary: {{`'Training on {{ $labels.instance }} skips steps with a NaN/Inf loss or gradient'`}}
+        description: >-
+          Steps skipped for a non-finite loss or gradient in the last {{ $t.nonfinite.window }}:
+          {{`about {{ $value | printf "%.0f" }}`}} (threshold {{ $t.nonfinite.maxSteps }}).
+        runbook: >-
+          Occasional skipped steps under mixed precision can be normal; a steady stream is not. Check the
+          loss and grad norm before the first one, lower the learning rate or tighten gradient clipping,
+          and restart from the last checkpoint if the loss has diverged.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeTrainingNonFiniteSteps") }}
+    - alert: LmforgeTrainingMFULow
+      # 0 means the trainer does not know its device's peak FLOP/s (CPU, unknown GPU): ignored.
+      expr: lmforge_train_mfu_ratio < {{ $t.mfu.floor }} and lmforge_train_mfu_ratio > 0
+      for: {{ $override | default $t.mfu.for }}
+      labels:
+        severity: info
+        service: training
+      annotations:
+        summary: {{`'Model FLOPs utilization on {{ $labels.instance }} is low'`}}
+        description: >-
+          {{`MFU is {{ $value | humanizePercentage }}`}}, below the floor of {{ $t.mfu.floor }}.
+        runbook: >-
+          Compare lmforge_train_data_wait_seconds with lmforge_train_step_seconds (input-bound),
+          lmforge_train_checkpoint_stall_seconds (checkpointing too often) and the per-rank step times
+          (a slow node). Then the batch size and sequence length: small micro-batches underuse the GPU.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeTrainingMFULow") }}
+    - alert: LmforgeCheckpointUploadStalled
+      # Pending then and now, and no upload finished in between (needs the sidecar up that long).
+      expr: |
+        lmforge_uploader_pending_checkpoints > 0
+        and lmforge_uploader_pending_checkpoints offset {{ $t.checkpointUpload.stalledAfter }} > 0
+        and changes(lmforge_uploader_last_uploaded_step[{{ $t.checkpointUpload.stalledAfter }}]) == 0
+      for: {{ $override | default $t.checkpointUpload.stalledFor }}
+      labels:
+        severity: critical
+        service: training
+      annotations:
+        summary: {{`'Checkpoints on {{ $labels.instance }} are not reaching the object store'`}}
+        description: >-
+          {{`{{ $value }} committed checkpoints are waiting for upload`}} and none was uploaded in the last
+          {{ $t.checkpointUpload.stalledAfter }}: a restart would lose that progress, and the local
+          volume fills up.
+        runbook: >-
+          kubectl logs of the pod's checkpoint-uploader container: upload_failed / pass_failed lines name
+          the store error (credentials, bucket, network, throttling). Check
+          lmforge_uploader_failures_total by reason and free space on the checkpoint volume.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeCheckpointUploadStalled") }}
+    - alert: LmforgeCheckpointUploadSlow
+      expr: lmforge_uploader_lag_seconds > {{ $t.checkpointUpload.lagSeconds }}
+      for: {{ $override | default $t.checkpointUpload.lagFor }}
+      labels:
+        severity: warning
+        service: training
+      annotations:
+        summary: {{`'Checkpoint uploads on {{ $labels.instance }} lag behind training'`}}
+        description: >-
+          {{`The last checkpoint was uploaded {{ $value | humanizeDuration }} after it was committed`}}
+          (threshold {{ $t.checkpointUpload.lagSeconds }}s).
+        runbook: >-
+          Uploads slower than the checkpoint interval pile up: compare lmforge_uploader_upload_seconds
+          with the time between checkpoints, check the node's network bandwidth to the store and the
+          uploader's retries (lmforge_uploader_failures_total), or checkpoint less often.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeCheckpointUploadSlow") }}
+    - alert: LmforgeCheckpointUploadFailing
+      expr: |
+        sum without (reason) (increase(lmforge_uploader_failures_total[{{ $t.checkpointUpload.failuresWindow }}]))
+        > {{ $t.checkpointUpload.maxFailures }}
+      for: {{ $override | default $t.checkpointUpload.failuresFor }}
+      labels:
+        severity: warning
+        service: training
+      annotations:
+        summary: {{`'Checkpoint uploads on {{ $labels.instance }} keep failing'`}}
+        description: >-
+          {{`About {{ $value | printf "%.0f" }} uploads or passes failed`}} in the last
+          {{ $t.checkpointUpload.failuresWindow }} (the sidecar retries them).
+        runbook: >-
+          lmforge_uploader_failures_total by reason says what fails (credentials, throttling, a vanished
+          checkpoint); the uploader container's logs carry the full error. Fix the store access before
+          lmforge_uploader_pending_checkpoints grows.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeCheckpointUploadFailing") }}
+{{- end }}
+{{- if $d.enabled }}
+# -- Data prep ------------------------------------------------------------------------------
+- name: lmforge.dataprep.alerts
+  rules:
+    - alert: LmforgeDataprepWorkerFailures
+      expr: |
+        lmforge_dataprep_worker_failures_total > 0
+        and on (worker)
+        {{ $recent }}
+      for: {{ $override | default $d.workerFailures.for }}
+      labels:
+        severity: warning
+        service: dataprep
+      annotations:
+        summary: {{`'Data-prep worker {{ $labels.worker }} reported failures'`}}
+        description: >-
+          {{`Worker {{ $labels.worker }}, phase {{ $labels.phase }}: {{ $value }} failed inputs or tasks`}},
+          pushed within the last {{ $d.recentHours }} h.
+        runbook: >-
+          kubectl logs of the worker's pod (the Indexed Job's completion index is the worker label):
+          the inputs that failed and why (unreadable or truncated WET files, store errors). Rerun the
+          data-prep step: completed inputs are skipped, the failed ones are retried.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeDataprepWorkerFailures") }}
+    - alert: LmforgeDataprepDropRateAnomalous
+      expr: |
+        abs(
+            (
+                sum by (stage) (lmforge_dataprep_documents_total{outcome="dropped"} and on (worker) {{ $recent }})
+              / sum by (stage) (lmforge_dataprep_documents_total{outcome="in"} and on (worker) {{ $recent }})
+            )
+          - on (stage)
+            avg_over_time(lmforge:dataprep_drop:ratio[{{ $d.dropRate.usualWindow }}] offset {{ $d.recentHours }}h)
+        ) > {{ $d.dropRate.tolerance }}
+        and on (stage)
+        sum by (stage) (lmforge_dataprep_documents_total{outcome="in"} and on (worker) {{ $recent }}) >= {{ $d.dropRate.minDocuments }}
+      for: {{ $override | default $d.dropRate.for }}
+      labels:
+        severity: warning
+        service: dataprep
+      annotations:
+        summary: {{`'Data-prep stage {{ $labels.stage }} drops an unusual share of documents'`}}
+        description: >-
+          {{`The drop ratio of stage {{ $labels.stage }} in the recent pushes is {{ $value | humanizePercentage }}`}}
+          (absolute) away from its usual value (tolerance {{ $d.dropRate.tolerance }}).
+        runbook: >-
+          Compare lmforge:dataprep_dropped_by_reason:ratio for the stage with earlier runs, then the run's
+          report.html and rejects/*.parquet: a jump usually means a changed config or threshold, another
+          input (language mix, crawl), or a broken model file (e.g. the language-ID model).
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeDataprepDropRateAnomalous") }}
+{{- end }}
+{{- end -}}

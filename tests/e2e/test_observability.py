@@ -1,0 +1,213 @@
+"""The observability story end to end, with real processes on loopback: Prometheus (Debian
+package) scraping a running inference server, a tiny training run's rank-0 endpoint, the
+uploader sidecar and a Pushgateway fed by a data-prep run and the canary, evaluating the
+chart's own rules (rendered with a short window and `for: 0s`).
+
+1. every PromQL expression of every dashboard panel returns data;
+2. the seed scenario: a good model and its canary baseline, then a worse model swapped in:
+   the canary fails and LmforgeCanaryRegression fires in Prometheus;
+3. an engine slowdown fires LmforgeInferenceTTFTHigh; removing it resolves the alert."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.canary.helpers import run_canary, write_eval_set
+from tests.helm_chart import find, render
+from tests.observability.dashboards import dashboard_queries, load_dashboards
+from tests.ports import free_port
+from tests.prometheus_tools import alerts, query, running_prometheus, running_pushgateway, static_job, targets_up
+from tests.serving import perturbed_package, running_server, train_tiny_package
+from tests.trainer.helpers import random_output
+
+pytestmark = pytest.mark.slow
+
+RULE_VALUES = {"monitoring": {"rateWindow": "10s"},
+               "alerts": {"forOverride": "0s", "inference": {"ttft": {"p95Seconds": 0.25}}}}
+SMALL_MODEL = "model.overrides={n_layer: 1, n_head: 2, n_embd: 32, context_length: 32}"
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def plain_rule_file(path: Path) -> Path:
+    """The chart's plain rule file (the rules ConfigMap) as this test renders it."""
+    (configmap,) = find(render(RULE_VALUES), "ConfigMap", "lmforge-prometheus-rules")
+    path.write_text(configmap["data"]["lmforge.rules.yaml"])
+    return path
+
+
+@contextlib.contextmanager
+def background(command: list[str], log: Path, env: dict[str, str] | None = None):
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        try:
+            yield process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+class Inference:
+    """The inference server on one fixed port, so Prometheus keeps scraping it across swaps."""
+
+    def __init__(self, log: Path):
+        self.port, self.log, self._stack = free_port(), log, contextlib.ExitStack()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def serve(self, package: Path, *settings: str) -> None:
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(running_server(package, *settings, port=self.port, log_path=self.log))
+
+    def traffic(self, n: int, concurrency: int = 4) -> None:
+        import concurrent.futures
+
+        def one(i):
+            response = httpx.post(f"{self.url}/v1/completions", timeout=60,
+                                  json={"prompt": "The sun rises", "max_tokens": 8, "temperature": 0.7, "seed": i})
+            assert response.status_code == 200, response.text
+
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(one, range(n)))
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    work = tmp_path_factory.mktemp("observability")
+    good = train_tiny_package(work / "models" / "good")
+    worse = perturbed_package(good, work / "models" / "worse", scale=0.5)
+    eval_set = write_eval_set(work / "canary.yaml")
+    with contextlib.ExitStack() as stack:
+        gateway = stack.enter_context(running_pushgateway(work / "pushgateway.log"))
+        inference = Inference(work / "serve.log")
+        stack.callback(inference.close)
+        inference.serve(good)
+
+        data = random_output(work / "data")
+        trainer_port, uploader_port = free_port(), free_port()
+        run_dir = work / "train"
+        trainer = stack.enter_context(background(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+             "-m", "lmforge.trainer", f"data.sources=[{{path: {data}}}]", "data.seq_len=32", "data.batch_size=2",
+             "parallel.mode=none", "steps=100000", "checkpoint.every=4", "log_every=2", f"run_dir={run_dir}",
+             f"metrics.port={trainer_port}", "metrics.peak_flops=1e10", SMALL_MODEL],
+            work / "train.log", env={"LMFORGE_TRAINER_SLOW_DATA_SECONDS": "0.2"}))  # keeps a core free
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        stack.enter_context(background(
+            [sys.executable, "-m", "lmforge.uploader", "watch", "--dir", str(run_dir / "checkpoints"),
+             "--dest", f"file://{work / 'store'}", "--set", f"metrics_port={uploader_port}", "--set",
+             "poll_seconds=0.5"], work / "uploader.log"))
+
+        sample = work / "sample.warc.wet.gz"
+        subprocess.run([sys.executable, "-m", "lmforge.dataprep", "sample-data", "--output", str(sample),
+                        "--docs", "150", "--seed", "3"], check=True, capture_output=True)
+        prep = subprocess.run([sys.executable, "-m", "lmforge.dataprep", "run", "--input", str(sample), "--output",
+                               str(work / "prep"), "--pushgateway", gateway, "--set", "tokenizer.vocab_size=600"],
+                              capture_output=True, text=True)
+        assert prep.returncode == 0, prep.stderr[-2000:]
+
+        baseline = work / "baseline.json"
+        made = run_canary("make-baseline", "--endpoint", inference.url, "--eval-set", str(eval_set),
+                          "--output", str(baseline))
+        assert made.code == 0, made
+        passed = run_canary("--endpoint", inference.url, "--eval-set", str(eval_set), "--baseline", str(baseline),
+                            "--pushgateway", gateway)
+        assert passed.code == 0, passed
+
+        scrape = [static_job("lmforge-inference", inference.url), static_job("lmforge-trainer",
+                  f"http://127.0.0.1:{trainer_port}"), static_job("lmforge-uploader",
+                  f"http://127.0.0.1:{uploader_port}"), static_job("pushgateway", gateway, honor_labels=True)]
+        prometheus = stack.enter_context(running_prometheus(work, scrape, [plain_rule_file(work / "rules.yaml")]))
+        inference.traffic(12)
+        wait_until(lambda: trainer.poll() is None and all(targets_up(prometheus).values())
+                   and len(targets_up(prometheus)) == 4, 120, "every target up")
+        wait_until(lambda: query(prometheus, "lmforge_uploader_last_uploaded_step > 0"), 120,
+                   "a checkpoint uploaded")
+        yield {"prometheus": prometheus, "inference": inference, "good": good, "worse": worse,
+               "eval_set": eval_set, "baseline": baseline, "gateway": gateway, "trainer": trainer}
+
+
+def firing(prometheus: str, name: str) -> list[dict]:
+    return [a for a in alerts(prometheus) if a["labels"]["alertname"] == name and a["state"] == "firing"]
+
+
+def test_every_dashboard_query_returns_data(stack):
+    prometheus, inference = stack["prometheus"], stack["inference"]
+    inference.traffic(8)  # fresh traffic inside every rate window
+    time.sleep(3)
+    empty = []
+    for name, dashboard in load_dashboards().items():
+        for title, expr, requires in dashboard_queries(dashboard, __rate_interval="10s", __interval="5s"):
+            if requires == "gpu":
+                continue  # no GPU here: those series are absent by design
+            if not query(prometheus, expr):
+                empty.append(f"{name} / {title}: {expr}")
+    assert stack["trainer"].poll() is None, "the training run ended early"
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_a_worse_model_fails_the_canary_and_fires_the_regression_alert(stack):
+    prometheus, inference = stack["prometheus"], stack["inference"]
+    assert not firing(prometheus, "LmforgeCanaryRegression")
+    inference.serve(stack["worse"])
+    regressed = run_canary("--endpoint", inference.url, "--eval-set", str(stack["eval_set"]), "--baseline",
+                           str(stack["baseline"]), "--pushgateway", stack["gateway"])
+    assert regressed.code == 1, regressed
+    fired = wait_until(lambda: firing(prometheus, "LmforgeCanaryRegression"), 30, "LmforgeCanaryRegression firing")
+    assert fired[0]["labels"]["severity"] == "critical" and fired[0]["labels"]["model"] == "worse"
+
+
+def test_an_engine_slowdown_fires_the_ttft_alert_and_recovery_resolves_it(stack):
+    prometheus, inference = stack["prometheus"], stack["inference"]
+    inference.serve(stack["good"], "engine.step_delay_seconds=0.3")
+    assert not firing(prometheus, "LmforgeInferenceTTFTHigh")
+
+    def slow_and_firing():
+        inference.traffic(4)
+        return firing(prometheus, "LmforgeInferenceTTFTHigh")
+
+    fired = wait_until(slow_and_firing, 60, "LmforgeInferenceTTFTHigh firing", interval=0)
+    assert fired[0]["labels"]["model_name"] == "good"
+    inference.serve(stack["good"])  # the delay removed
+
+    def fast_and_resolved():
+        inference.traffic(8)
+        return not [a for a in alerts(prometheus) if a["labels"]["alertname"] == "LmforgeInferenceTTFTHigh"]
+
+    wait_until(fast_and_resolved, 60, "LmforgeInferenceTTFTHigh resolved", interval=0)
+    p95 = query(prometheus, 'lmforge:inference_ttft_seconds:p95{model_name="good"}')
+    assert p95 and float(p95[0]["value"][1]) < 0.25
+
+
+def test_the_rule_file_is_the_one_prometheus_loaded(stack):
+    rules = httpx.get(f"{stack['prometheus']}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    loaded = {r["name"] for g in rules for r in g["rules"] if r["type"] == "alerting"}
+    rendered = yaml.safe_load(find(render(RULE_VALUES), "ConfigMap", "lmforge-prometheus-rules")[0]["data"]
+                              ["lmforge.rules.yaml"])
+    assert loaded == {r["alert"] for g in rendered["groups"] for r in g["rules"] if "alert" in r}

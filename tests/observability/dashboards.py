@@ -1,0 +1,75 @@
+"""The chart's Grafana dashboards, read as data: their panels, and their PromQL expressions made
+ready for Prometheus's /api/v1/query (the conventions: helm/lmforge/templates/dashboards.yaml).
+
+Substitution: $__rate_interval -> 30s, $__interval -> 15s, $__range -> 5m (each overridable), and
+every other variable ($var, ${var}, ${var:format}) -> .* : the dashboards use variables only as
+regex matchers (label=~"$var"), so `.*` selects everything, also series without that label.
+A Prometheus answering these needs a scrape (and rule evaluation) interval of 15s or less, so that
+a 30s window holds two samples."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+DASHBOARDS = Path(__file__).resolve().parents[2] / "helm" / "lmforge" / "dashboards"
+
+MACROS = {"__rate_interval": "30s", "__interval": "15s", "__range": "5m"}
+# $name, ${name} and ${name:format}; Grafana's own $__macros are in MACROS.
+VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)")
+# Metric names of the project (lmforge_…) and of its recording rules (lmforge:…).
+METRIC_NAME = re.compile(r"\blmforge[_:][A-Za-z0-9_:]*")
+
+
+def load_dashboards() -> dict[str, dict[str, Any]]:
+    """{file base name: dashboard JSON} for every dashboards/*.json of the chart."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows included, also those nested in collapsed rows."""
+    for panel in dashboard.get("panels", []):
+        yield panel
+        yield from panels(panel)
+
+
+def query_panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The panels that query the data source (all but rows)."""
+    return (p for p in panels(dashboard) if p.get("type") != "row")
+
+
+def substitute(expr: str, **macros: str) -> str:
+    """`expr` with the Grafana macros replaced by durations and every template variable by `.*`."""
+    values = {**MACROS, **macros}
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        return values.get(name, ".*")
+
+    return VARIABLE.sub(replace, expr)
+
+
+def variables_of(expr: str) -> set[str]:
+    """The template variables and macros `expr` refers to (names without `$`)."""
+    return {m.group(1) or m.group(2) for m in VARIABLE.finditer(expr)}
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(METRIC_NAME.findall(expr))
+
+
+def dashboard_queries(dashboard: dict[str, Any], **macros: str) -> list[tuple[str, str, str | None]]:
+    """(panel title, expression ready for Prometheus, requires) for every target of every panel;
+    `requires` is the panel's "lmforge": {"requires": ...} ("gpu": the panel has data only where
+    a GPU is present), else None. `macros` overrides the substituted durations, e.g.
+    dashboard_queries(d, __rate_interval="1m")."""
+    queries = []
+    for panel in query_panels(dashboard):
+        requires = panel.get("lmforge", {}).get("requires")
+        for target in panel.get("targets", []):
+            if target.get("expr") and not target.get("hide"):
+                queries.append((panel["title"], substitute(target["expr"], **macros), requires))
+    return queries
