@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import logging as _logging
 import os
 import sys
 from typing import Any
 
 _CONFIGURED = False
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities as strings: a bare NaN is not JSON, and strict log pipelines drop the line."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 class JsonLineFormatter(_logging.Formatter):
@@ -24,7 +32,7 @@ class JsonLineFormatter(_logging.Formatter):
             "service": getattr(record, "service", record.name),
             "event": record.getMessage(),
         }
-        payload.update(getattr(record, "fields", {}))
+        payload.update({key: _json_safe(value) for key, value in getattr(record, "fields", {}).items()})
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)
         return json.dumps(payload, default=str, ensure_ascii=False)

@@ -85,7 +85,7 @@ class InferenceService:
             self.context_length = model.config.context_length
             self.runner = EngineRunner(engine)
             self.runner.start()
-            self.metrics.set_model_info(self.model_name, meta.get("step"))
+            self.metrics.set_model_info(default_model_name(self.config.model), meta.get("step"))
             self.loaded.set()
             log.info("model_loaded", model=self.config.model, model_name=self.model_name, step=meta.get("step"),
                      device=self.device, parameters=sum(p.numel() for p in model.parameters()),
