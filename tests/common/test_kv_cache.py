@@ -39,3 +39,21 @@ def test_positions_past_the_context_are_refused():
     with pytest.raises(ValueError, match="context length"):
         model.forward_cached(torch.zeros(1, 1, dtype=torch.long), torch.tensor([[8]]), KVCache(config, 1),
                              torch.tensor([0]))
+
+
+def test_reading_consecutive_slots_through_a_view_equals_the_gather():
+    torch.manual_seed(1)
+    config = GPTConfig.preset("tiny", n_layer=2, n_embd=64, n_head=4, vocab_size=97, context_length=32)
+    model = GPT(config).eval()
+    caches = [KVCache(config, slots=4), KVCache(config, slots=4)]
+    prompts = [torch.randint(0, 97, (n,)) for n in (4, 7, 3)]
+    for cache in caches:
+        for slot, prompt in zip((1, 2, 3), prompts, strict=True):
+            model.forward_cached(prompt[None], torch.arange(len(prompt))[None], cache, torch.tensor([slot]))
+    new = torch.randint(0, 97, (3, 1))
+    positions = torch.tensor([[len(p)] for p in prompts])
+    gathered = model.forward_cached(new, positions, caches[0], torch.tensor([1, 2, 3]))
+    viewed = model.forward_cached(new, positions, caches[1], torch.tensor([1, 2, 3]), first_slot=1)
+    torch.testing.assert_close(viewed, gathered, atol=0, rtol=0)
+    for a, b in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values, strict=True):
+        assert torch.equal(a, b)

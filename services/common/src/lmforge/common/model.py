@@ -119,10 +119,11 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).contiguous().view(batch, time, channels))
 
     def forward_cached(self, x: torch.Tensor, rope, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                       positions: torch.Tensor) -> torch.Tensor:
+                       positions: torch.Tensor, first_slot: int | None = None) -> torch.Tensor:
         """New tokens x (B, T, C) at `positions` (B, T) of the sequences in cache `slots` (B,):
         their keys and values are written into the cache, then they attend to every cached
-        position up to their own."""
+        position up to their own. `first_slot` says the slots are first_slot..first_slot+B-1,
+        so the cache is read through a view instead of a gathering copy."""
         batch, time, channels = x.shape
         heads = self.config.n_head
         q, k, v = self.qkv(x).split(channels, dim=2)
@@ -134,8 +135,9 @@ class CausalSelfAttention(nn.Module):
         values[rows, :, positions] = v.transpose(1, 2).to(values.dtype)
         span = int(positions.max()) + 1
         mask = torch.arange(span, device=x.device)[None, None, None, :] <= positions[:, None, :, None]
-        y = F.scaled_dot_product_attention(q, keys[slots, :, :span].to(q.dtype), values[slots, :, :span].to(q.dtype),
-                                           attn_mask=mask)
+        rows_read = slice(first_slot, first_slot + batch) if first_slot is not None else slots
+        y = F.scaled_dot_product_attention(q, keys[rows_read, :, :span].to(q.dtype),
+                                           values[rows_read, :, :span].to(q.dtype), attn_mask=mask)
         return self.proj(y.transpose(1, 2).contiguous().view(batch, time, channels))
 
 
@@ -163,8 +165,8 @@ class Block(nn.Module):
         x = x + self.dropout(self.attn(self.ln_1(x), rope))
         return x + self.dropout(self.mlp(self.ln_2(x)))
 
-    def forward_cached(self, x: torch.Tensor, rope, keys, values, slots, positions) -> torch.Tensor:
-        x = x + self.attn.forward_cached(self.ln_1(x), rope, keys, values, slots, positions)
+    def forward_cached(self, x: torch.Tensor, rope, keys, values, slots, positions, first_slot=None) -> torch.Tensor:
+        x = x + self.attn.forward_cached(self.ln_1(x), rope, keys, values, slots, positions, first_slot)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -216,10 +218,12 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def forward_cached(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                       slots: torch.Tensor) -> torch.Tensor:
+                       slots: torch.Tensor, first_slot: int | None = None) -> torch.Tensor:
         """Inference with a KV cache: logits (B, T, vocab) for new tokens idx (B, T) at
         `positions` (B, T) of the sequences held in cache `slots` (B,). Prefill passes a
-        prompt (positions 0..T-1); decode passes one token per sequence."""
+        prompt (positions 0..T-1); decode passes one token per sequence. Pass `first_slot`
+        when the slots are consecutive (first_slot, first_slot+1, …): the cache is then read
+        without copying."""
         if int(positions.max()) >= self.config.context_length:
             raise ValueError(f"position {int(positions.max())} exceeds the context length "
                              f"{self.config.context_length}")
@@ -228,7 +232,7 @@ class GPT(nn.Module):
             x = x + self.wpe(positions)
         rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
         for layer, block in enumerate(self.blocks):
-            x = block.forward_cached(x, rope, cache.keys[layer], cache.values[layer], slots, positions)
+            x = block.forward_cached(x, rope, cache.keys[layer], cache.values[layer], slots, positions, first_slot)
         return self.lm_head(self.ln_f(x))
 
     def num_params(self, non_embedding: bool = False) -> int:

@@ -5,6 +5,7 @@ sequences. The API layer drives `step()` from one background thread."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from collections import deque
@@ -54,7 +55,7 @@ class Engine:
         self.eos_id = eos_id
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # slot → sequence
-        self._free_slots = list(range(max_running))
+        self._free_slots = list(range(max_running))  # a heap: the lowest free slot is taken first
         self._ids = itertools.count()
 
     # -- requests ------------------------------------------------------------------------
@@ -108,11 +109,11 @@ class Engine:
         if self.step_delay_seconds:
             time.sleep(self.step_delay_seconds)
         produced = []
-        decoding = list(self.running.values())
+        decoding = [self.running[slot] for slot in sorted(self.running)]
         while self.waiting and self._free_slots:
             seq = self.waiting.popleft()
             seq.scheduled_at = time.monotonic()
-            seq.slot = self._free_slots.pop(0)
+            seq.slot = heapq.heappop(self._free_slots)
             self.running[seq.slot] = seq
             logits = self.model.forward_cached(torch.tensor([seq.prompt], device=self.device),
                                                torch.arange(len(seq.prompt), device=self.device)[None],
@@ -121,8 +122,10 @@ class Engine:
         if decoding:
             last = torch.tensor([[s.output[-1]] for s in decoding], device=self.device)
             positions = torch.tensor([[len(s.prompt) + len(s.output) - 1] for s in decoding], device=self.device)
-            slots = torch.tensor([s.slot for s in decoding], device=self.device)
-            logits = self.model.forward_cached(last, positions, self.cache, slots)
+            slot_ids = [s.slot for s in decoding]
+            consecutive = slot_ids == list(range(slot_ids[0], slot_ids[0] + len(slot_ids)))
+            logits = self.model.forward_cached(last, positions, self.cache, torch.tensor(slot_ids, device=self.device),
+                                               first_slot=slot_ids[0] if consecutive else None)
             produced += [self._emit(seq, logits[row, -1]) for row, seq in enumerate(decoding)]
         return produced
 
@@ -149,7 +152,7 @@ class Engine:
         seq.finished_at = time.monotonic()
         if seq.slot is not None and self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
-            self._free_slots.append(seq.slot)
+            heapq.heappush(self._free_slots, seq.slot)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -34,6 +34,11 @@ class Handle:
                 return
 
 
+def _deliver(deliveries: list[tuple[Handle, tuple[int | None, bool]]]) -> None:
+    for handle, item in deliveries:
+        handle.queue.put_nowait(item)
+
+
 class EngineRunner:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -114,12 +119,18 @@ class EngineRunner:
                 self._drain_inbox(block=not self.engine.has_work())
                 if not self.engine.has_work():
                     continue
+                deliveries = []
                 for seq, token in self.engine.step():
                     handle = self._handles.get(seq)
                     if seq.finished:
                         self._handles.pop(seq, None)
                     if handle is not None:
-                        handle.loop.call_soon_threadsafe(handle.queue.put_nowait, (token, seq.finished))
+                        deliveries.append((handle, (token, seq.finished)))
+                by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+                for handle, item in deliveries:  # one event-loop wake-up per step, not per token
+                    by_loop.setdefault(handle.loop, []).append((handle, item))
+                for loop, batch in by_loop.items():
+                    loop.call_soon_threadsafe(_deliver, batch)
         except BaseException as exc:  # surfaced by /readyz; every waiting request is ended
             self.error = exc
             for handle in self._handles.values():

@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""`make bench-serve`: `lmforge-serve` under load from C concurrent streaming clients
+(bench/serve/loadgen.py): generated tokens/s, TTFT and time per output token, client side,
+with the server's own histograms alongside.
+
+--suite cpu (default): the `tiny` preset (4 layers, d=128, context 256, vocabulary 8192) on
+CPU. Two servers of the same package and config, side by side in one run, differing only in
+engine.max_running: 1 (the batch-size-1 baseline: one sequence decodes at a time, the others
+queue) and 16 (continuous batching). Each is driven by 16 clients with the same requests
+(same prompts, max_tokens, sampling seeds); rounds alternate the order (ABBA). Target:
+continuous batching >= 4x the baseline's tokens/s. Each server gets OMP_NUM_THREADS=1: the
+server is bound by one Python thread (the GIL) and the load generator needs the other vCPU;
+2 intra-op threads measured slower and far noisier on the 2-vCPU VM.
+
+--suite gpu (one CUDA device): the `350m` preset, device=cuda (the server runs bf16),
+engine.max_running=64, at 1, 16 and 64 clients.
+
+The model package is built first: a byte-level BPE tokenizer (8192 tokens) trained on
+`lmforge-dataprep sample-data` text, and random weights. Random weights would end a
+sequence at `<|endoftext|>` about once per 9,000 tokens; so that every request generates
+exactly max_tokens (the equivalent of vLLM's ignore_eos), all embedding rows (tied with the
+output head) get a shared direction d, 4x a row's own norm, and the end-of-text row is -d:
+its probability drops to ~1e-11 (tiny) and ~1e-17 (350m) per token while the other tokens
+keep a near-uniform distribution, so the compute per token is unchanged. The bench checks
+that every request ended with finish_reason "length" after max_tokens tokens, that both
+servers generated the same number of tokens for the same requests, and that the server's
+generation_tokens_total counted what the clients did.
+
+Results: bench/out/serve.json (suite gpu: bench/out/serve-gpu.json) and a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import LoadConfig, format_summary, percentile, run_load  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+EOT = "<|endoftext|>"
+SUITES = {
+    "cpu": {"preset": "tiny", "device": "cpu", "context_length": 256, "max_running": [1, 16], "clients": [16],
+            "requests": 64, "max_tokens": 64, "prompt_tokens": (16, 128), "rounds": 4, "threads": 1},
+    "gpu": {"preset": "350m", "device": "cuda", "context_length": 1024, "max_running": [64], "clients": [1, 16, 64],
+            "requests": None, "max_tokens": 128, "prompt_tokens": (16, 512), "rounds": 2, "threads": None},
+}
+PROMPTS = 48  # distinct prompts in the mix
+
+
+# -- the model package ---------------------------------------------------------------------------
+
+def sample_texts(work: Path, docs: int, seed: int) -> list[str]:
+    from warcio.archiveiterator import ArchiveIterator
+
+    from lmforge.dataprep.sample_data import write_sample_wet
+
+    path = work / f"sample-{docs}-{seed}.warc.wet.gz"
+    if not path.exists():
+        write_sample_wet(path, docs, seed)
+    texts = []
+    with open(path, "rb") as fh:
+        for record in ArchiveIterator(fh):
+            if record.rec_type == "conversion":
+                texts.append(record.content_stream().read().decode("utf-8"))
+    return texts
+
+
+def build_package(work: Path, preset: str, context_length: int, seed: int = 0) -> tuple[Path, list[str]]:
+    """(package dir, the texts prompts are cut from)."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from lmforge.common.model import GPT, GPTConfig
+    from lmforge.common.model_package import write_package
+    from lmforge.dataprep.config import TokenizerConfig
+    from lmforge.dataprep.tokenize import new_bpe_tokenizer
+
+    texts = sample_texts(work, 3000, 11)
+    tokenizer, trainer = new_bpe_tokenizer(TokenizerConfig(vocab_size=8192, eot_token=EOT))
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer_path = work / "tokenizer.json"
+    tokenizer.save(str(tokenizer_path))
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    eos = tokenizer.token_to_id(EOT)
+    torch.manual_seed(seed)
+    config = GPTConfig.preset(preset, vocab_size=tokenizer.get_vocab_size(), context_length=context_length)
+    model = GPT(config).eval()
+    with torch.no_grad():  # see the module docstring: EOS never wins, every request runs to max_tokens
+        generator = torch.Generator().manual_seed(seed + 1)
+        direction = torch.randn(config.n_embd, generator=generator)
+        direction -= direction.mean()  # LayerNorm removes the mean; this survives it
+        direction *= 4 * model.wte.weight.norm(dim=1).mean() / direction.norm()  # 4x a row's own norm
+        model.wte.weight += direction
+        model.wte.weight[eos] = -direction
+    package = write_package(model, tokenizer_path, work / f"model-{preset}-ctx{context_length}", step=0)
+    return package, texts
+
+
+def prompt_mix(texts: list[str], tokenizer_path: Path, count: int, lengths: tuple[int, int],
+               seed: int = 0) -> tuple[list[str], list[int]]:
+    """`count` prompts: openings of sample documents cut at seeded random token lengths."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    rng = random.Random(seed)
+    low, high = lengths
+    prompts, sizes = [], []
+    candidates = [t for t in texts if len(t) > 8 * high]
+    for text in rng.sample(candidates, count):
+        ids = tokenizer.encode(text, add_special_tokens=False).ids[: rng.randint(low, high)]
+        prompt = tokenizer.decode(ids)
+        prompts.append(prompt)
+        sizes.append(len(tokenizer.encode(prompt, add_special_tokens=False).ids))
+    return prompts, sizes
+
+
+# -- servers -------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, package: Path, device: str, max_running: int, max_waiting: int, threads: int | None,
+                 log_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.settings = [f"engine.max_running={max_running}", f"engine.max_waiting={max_waiting}",
+                         f"device={device}", "max_tokens_limit=1024"]
+        command = [sys.executable, "-m", "lmforge.inference", "--model", str(package), "--host", "127.0.0.1",
+                   "--port", str(self.port), *[a for s in self.settings for a in ("--set", s)]]
+        env = dict(os.environ)
+        if threads:
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"lmforge-serve exited with {self.process.returncode}; see {self.log.name}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise SystemExit(f"{self.url} not ready within {timeout}s")
+
+    def metrics(self) -> dict:
+        """{(name, labels without model_name): value} of the server's histograms and counters."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.url}/metrics", timeout=30).text
+        values = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "model_name"))
+                values[(sample.name, labels)] = sample.value
+        return values
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (all threads)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+P = "lmforge_inference_"
+
+
+def histogram_delta(before: dict, after: dict, name: str) -> dict:
+    """count, mean, and p50/p95 interpolated within buckets (PromQL's histogram_quantile)."""
+    buckets = sorted((float(dict(labels)["le"]), value - before.get((n, labels), 0.0))
+                     for (n, labels), value in after.items() if n == name + "_bucket")
+    count = after.get((name + "_count", ()), 0.0) - before.get((name + "_count", ()), 0.0)
+    total = after.get((name + "_sum", ()), 0.0) - before.get((name + "_sum", ()), 0.0)
+
+    def quantile(q: float) -> float | None:
+        if count <= 0:
+            return None
+        rank, lower, below = q * count, 0.0, 0.0
+        for bound, cumulative in buckets:
+            if cumulative >= rank:
+                if bound == float("inf"):
+                    return lower
+                return lower + (bound - lower) * (rank - below) / max(cumulative - below, 1e-12)
+            lower, below = bound, cumulative
+        return lower
+
+    return {"count": int(count), "mean": total / count if count else None, "p50": quantile(0.5),
+            "p95": quantile(0.95)}
+
+
+def server_side(before: dict, after: dict) -> dict:
+    counter = lambda name: after.get((P + name, ()), 0.0) - before.get((P + name, ()), 0.0)  # noqa: E731
+    return {"generation_tokens": int(counter("generation_tokens_total")),
+            "prompt_tokens": int(counter("prompt_tokens_total")),
+            "ttft_s": histogram_delta(before, after, P + "time_to_first_token_seconds"),
+            "tpot_s": histogram_delta(before, after, P + "time_per_output_token_seconds"),
+            "queue_s": histogram_delta(before, after, P + "queue_time_seconds")}
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+
+def measure(server: Server, config: LoadConfig) -> dict:
+    before = server.metrics()
+    server_cpu, client_cpu = server.cpu_seconds(), time.process_time()
+    result = asyncio.run(run_load(config))
+    server_cpu, client_cpu = server.cpu_seconds() - server_cpu, time.process_time() - client_cpu
+    after = server.metrics()
+    result["server"] = server_side(before, after)
+    wall = result["summary"]["wall_s"]  # CPU in cores busy over the run (2 = both vCPUs)
+    result["server"]["cpu_cores"] = server_cpu / wall
+    result["summary"]["client_cpu_cores"] = client_cpu / wall
+    return result
+
+
+def machine() -> dict:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
+    import torch
+
+    info = {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
+            "python": platform.python_version()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="cpu")
+    parser.add_argument("--preset", help="model preset (default: the suite's)")
+    parser.add_argument("--device", help="server device (default: the suite's)")
+    parser.add_argument("--max-running", type=int, nargs="+", help="engine.max_running of each server")
+    parser.add_argument("--clients", type=int, nargs="+", help="concurrent clients (each count is one measurement)")
+    parser.add_argument("--requests", type=int, help="requests per measurement (default cpu: 64; gpu: 4x clients, "
+                                                     "at least 16)")
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of each server (cpu default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="result JSON (default bench/out/serve.json; gpu: serve-gpu.json)")
+    args = parser.parse_args()
+    suite = dict(SUITES[args.suite])
+    for key in ("preset", "device", "max_running", "clients", "requests", "max_tokens", "rounds", "threads"):
+        if getattr(args, key) is not None:
+            suite[key] = getattr(args, key)
+    name = "serve.json" if args.suite == "cpu" else f"serve-{args.suite}.json"
+    out = Path(args.out or REPO / "bench" / "out" / name)
+    work = REPO / "bench" / "out" / "serve"
+    work.mkdir(parents=True, exist_ok=True)
+
+    started = time.perf_counter()
+    package, texts = build_package(work, suite["preset"], suite["context_length"], args.seed)
+    prompts, prompt_sizes = prompt_mix(texts, package / "tokenizer.json", PROMPTS, suite["prompt_tokens"], args.seed)
+    print(f"package {package} built in {time.perf_counter() - started:.1f} s; {len(prompts)} prompts of "
+          f"{min(prompt_sizes)}-{max(prompt_sizes)} tokens (median {percentile(prompt_sizes, 50):.0f})", flush=True)
+
+    max_clients = max(suite["clients"])
+    servers = {n: Server(package, suite["device"], n, max(64, 2 * max_clients), suite["threads"],
+                         work / f"server-{args.suite}-running{n}.log") for n in suite["max_running"]}
+    load_before = os.getloadavg()
+    rows: list[dict] = []
+    try:
+        for server in servers.values():
+            server.wait_ready()
+        for server in servers.values():  # warm-up: allocations, first-call paths; not measured
+            for clients in suite["clients"]:
+                asyncio.run(run_load(LoadConfig(url=server.url, clients=clients, requests=clients,
+                                                max_tokens=min(16, suite["max_tokens"]), prompts=prompts,
+                                                seed=args.seed + 999)))
+        for round_index in range(suite["rounds"]):
+            order = list(servers) if round_index % 2 == 0 else list(reversed(servers))
+            for clients in suite["clients"]:
+                requests = suite["requests"] or max(16, 4 * clients)
+                for n in order:
+                    config = LoadConfig(url=servers[n].url, clients=clients, requests=requests,
+                                        max_tokens=suite["max_tokens"], prompts=prompts, seed=args.seed)
+                    result = measure(servers[n], config)
+                    summary = result["summary"]
+                    rows.append({"round": round_index + 1, "max_running": n, "clients": clients,
+                                 "summary": summary, "server": result["server"], "requests": result["requests"]})
+                    print(f"round {round_index + 1} max_running={n}: {format_summary(summary)}; server counted "
+                          f"{result['server']['generation_tokens']} tokens; CPU cores busy: server "
+                          f"{result['server']['cpu_cores']:.2f}, client {summary['client_cpu_cores']:.2f}", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    load_after = os.getloadavg()
+
+    report = aggregate(rows, suite)
+    report.update(suite=args.suite, settings={k: v for k, v in suite.items()}, machine=machine(),
+                  date=time.strftime("%Y-%m-%d"), prompt_tokens=prompt_sizes, loadavg_before=load_before,
+                  loadavg_after=load_after, rounds=[{k: v for k, v in r.items() if k != "requests"} for r in rows],
+                  request_records=rows, server_settings=next(iter(servers.values())).settings,
+                  seconds=time.perf_counter() - started)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print()
+    print(markdown(report))
+    print(f"\nresults: {out}")
+    if not report["checks"]["ok"]:
+        raise SystemExit(f"checks failed: {report['checks']}")
+
+
+def aggregate(rows: list[dict], suite: dict) -> dict:
+    """Per (max_running, clients): all rounds' requests pooled for the percentiles; tokens/s
+    as the median of the rounds (and each round's figure)."""
+    table = []
+    for n in suite["max_running"]:
+        for clients in suite["clients"]:
+            mine = [r for r in rows if r["max_running"] == n and r["clients"] == clients]
+            records = [q for r in mine for q in r["requests"] if q["error"] is None]
+            rates = [r["summary"]["tokens_per_s"] for r in mine]
+            ttft = [q["ttft"] for q in records if q["ttft"] is not None]
+            tpot = [q["tpot"] for q in records if q["tpot"] is not None]
+            table.append({
+                "max_running": n, "clients": clients, "rounds": len(mine),
+                "tokens_per_s": percentile(rates, 50), "tokens_per_s_rounds": rates,
+                "generated_tokens_per_round": [r["summary"]["generated_tokens"] for r in mine],
+                "ttft_p50_s": percentile(ttft, 50), "ttft_p95_s": percentile(ttft, 95),
+                "tpot_p50_s": percentile(tpot, 50), "tpot_p95_s": percentile(tpot, 95),
+                "server_ttft_mean_s": _mean([r["server"]["ttft_s"]["mean"] for r in mine]),
+                "server_ttft_p95_s": _mean([r["server"]["ttft_s"]["p95"] for r in mine]),
+                "server_tpot_mean_s": _mean([r["server"]["tpot_s"]["mean"] for r in mine]),
+                "server_tpot_p95_s": _mean([r["server"]["tpot_s"]["p95"] for r in mine]),
+                "server_cpu_cores": _mean([r["server"]["cpu_cores"] for r in mine]),
+                "client_cpu_cores": _mean([r["summary"]["client_cpu_cores"] for r in mine]),
+            })
+    checks = {
+        "no_errors": all(r["summary"]["errors"] == 0 for r in rows),
+        "all_ran_to_max_tokens": all(r["summary"]["all_ran_to_max_tokens"] for r in rows),
+        "server_counted_same_tokens": all(r["server"]["generation_tokens"] == r["summary"]["generated_tokens"]
+                                          for r in rows),
+    }
+    by_clients = {}
+    for r in rows:  # the same requests at each max_running: same tokens, and (same seeds) the same text?
+        by_clients.setdefault((r["round"], r["clients"]), []).append(r)
+    same_work, same_text, compared = True, 0, 0
+    for group in by_clients.values():
+        if len(group) < 2:
+            continue
+        base = {q["index"]: q for q in group[0]["requests"]}
+        for other in group[1:]:
+            for q in other["requests"]:
+                b = base.get(q["index"])
+                same_work &= b is not None and b["tokens"] == q["tokens"] and b["prompt_index"] == q["prompt_index"]
+                same_text += b is not None and b["text_sha256"] == q["text_sha256"]
+                compared += 1
+    checks["same_requests_and_tokens_across_configs"] = same_work
+    checks["ok"] = all(checks.values())
+    checks["identical_text_across_configs"] = f"{same_text}/{compared}"
+    report = {"table": table, "checks": checks}
+    if len(suite["max_running"]) == 2 and len(suite["clients"]) == 1:
+        low, high = (next(t for t in table if t["max_running"] == n) for n in sorted(suite["max_running"]))
+        report["ratio"] = high["tokens_per_s"] / low["tokens_per_s"]
+        report["ratio_rounds"] = [b / a for a, b in zip(low["tokens_per_s_rounds"], high["tokens_per_s_rounds"])]
+    return report
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def markdown(report: dict) -> str:
+    lines = ["| engine.max_running | clients | tokens/s (median of rounds) | rounds | TTFT p50 ms | TTFT p95 ms | "
+             "TPOT p50 ms | TPOT p95 ms | server TTFT mean / p95 ms | server TPOT mean / p95 ms | "
+             "CPU cores busy: server / client |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for t in report["table"]:
+        rounds = ", ".join(f"{r:.0f}" for r in t["tokens_per_s_rounds"])
+        lines.append(f"| {t['max_running']} | {t['clients']} | {t['tokens_per_s']:.0f} | {rounds} | "
+                     f"{ms(t['ttft_p50_s'])} | {ms(t['ttft_p95_s'])} | {ms(t['tpot_p50_s'])} | {ms(t['tpot_p95_s'])} | "
+                     f"{ms(t['server_ttft_mean_s'])} / {ms(t['server_ttft_p95_s'])} | "
+                     f"{ms(t['server_tpot_mean_s'])} / {ms(t['server_tpot_p95_s'])} | "
+                     f"{t['server_cpu_cores']:.2f} / {t['client_cpu_cores']:.2f} |")
+    if "ratio" in report:
+        rounds = ", ".join(f"{r:.2f}" for r in report["ratio_rounds"])
+        lines.append(f"\nratio (tokens/s): {report['ratio']:.2f}x (rounds: {rounds})")
+    lines.append(f"checks: {report['checks']}")
+    lines.append(f"load average before / after: {report['loadavg_before']} / {report['loadavg_after']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
