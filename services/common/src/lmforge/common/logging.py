@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import logging as _logging
+import math
 import os
 import sys
 from typing import Any
