@@ -155,6 +155,26 @@ def test_sigterm_lets_a_nearly_done_upload_finish(s3, tmp_path):
     assert store_state(client, "graceful") == [1]
 
 
+def test_sigterm_uploads_a_checkpoint_committed_after_the_last_pass(s3, tmp_path):
+    """The trainer's final checkpoint lands just before the pod stops: the sidecar, between
+    polls, gets SIGTERM and must still publish it before exiting."""
+    endpoint, make_bucket = s3
+    client = make_bucket("final")
+    local = tmp_path / "ckpt"
+    fake_checkpoint(local, 1, sizes=(100,))
+    sidecar = subprocess.Popen(uploader_command("watch", "--dir", str(local), "--dest", "s3://final/runs/r1",
+                                                "--endpoint-url", endpoint, "--set", "poll_seconds=600",
+                                                "--set", "grace_seconds=20"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: store_state(client, "final") == [1], what="the first pass")
+    fake_checkpoint(local, 2, sizes=(3 << 20,))  # committed while the sidecar sleeps
+    sidecar.send_signal(signal.SIGTERM)
+    stdout, stderr = sidecar.communicate(timeout=30)
+    assert sidecar.returncode == 0, stderr
+    assert store_state(client, "final") == [1, 2]
+    assert '"drained"' in stdout
+
+
 def test_restore_skips_a_corrupted_checkpoint_for_the_previous_good_one(s3, tmp_path):
     _, make_bucket = s3
     client = make_bucket("corrupt")

@@ -166,16 +166,18 @@ class CheckpointUploader:
         atomic_write_bytes(path / UPLOADED_MARKER, b"")
         return True
 
-    def run_once(self) -> list[int]:
+    def run_once(self, *, draining: bool = False) -> list[int]:
         """Upload what is pending, then prune; returns the steps uploaded. A store that fails
-        even after retries is logged and counted, and the next pass tries again."""
+        even after retries is logged and counted, and the next pass tries again. A normal
+        pass stops starting uploads at SIGTERM; the draining pass after it does not (only
+        the end of the grace period stops it)."""
         uploaded: list[int] = []
         try:
             manifests = self.remote_manifests()
             pending = self.candidates(manifests)
             self.metrics.pending.set(len(pending))
             for step in pending:
-                if self.stopping.is_set():
+                if self.cancel.is_set() or (self.stopping.is_set() and not draining):
                     break
                 if self.upload_step(step):
                     uploaded.append(step)
@@ -304,9 +306,16 @@ class CheckpointUploader:
                 log.info("done", reason="the final checkpoint is uploaded")
                 return
             self.stopping.wait(self.config.poll_seconds)
+        # SIGTERM: a native sidecar gets it once the trainer has exited, so the final
+        # checkpoint may have been committed after the last pass. Upload what is committed
+        # and not yet in the store, within the grace period; a local emptyDir dies with the pod.
+        if not self.cancel.is_set():
+            drained = self.run_once(draining=True)
+            log.info("drained", steps=drained)
 
     def request_stop(self) -> None:
-        """SIGTERM: finish (or, after the grace period, abort) the upload in flight, then stop."""
+        """SIGTERM: finish the upload in flight and any committed checkpoint not yet uploaded,
+        or abort them when the grace period is over; then stop."""
         if self.stopping.is_set():
             return
         self.stopping.set()

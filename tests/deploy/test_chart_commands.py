@@ -1,0 +1,232 @@
+"""Every container the chart renders runs a command the real CLIs accept: each service's own
+argparse parser, torchrun's parser (with the variables the Kubeflow v1 operator injects), and each
+service's config loader for the overrides the chart passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch.distributed.run as torchrun
+import yaml
+
+from lmforge.canary.cli import _parser as canary_parser
+from lmforge.canary.config import load_canary_config
+from lmforge.canary.evalset import load_eval_set
+from lmforge.dataprep.cli import build_parser as dataprep_parser
+from lmforge.dataprep.config import load_dataprep_config
+from lmforge.inference.cli import _parser as inference_parser
+from lmforge.inference.config import load_serve_config
+from lmforge.trainer import __main__ as trainer_main
+from lmforge.trainer.config import TrainConfig
+from lmforge.uploader.cli import _parser as uploader_parser
+from lmforge.uploader.config import load_uploader_config
+from tests.deploy.chart_values import VALUE_SETS, container, containers, pod_specs, rendered, set_values
+from tests.helm_chart import find
+
+SETS = sorted(VALUE_SETS)
+OPERATOR_NODE_VARIABLES = {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    """No LMFORGE_* / PET_* leftovers from the environment; torchrun may set OMP_NUM_THREADS."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith(("LMFORGE_", "PET_", "TORCHELASTIC_")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def operator_env(job: dict, role: str, index: int) -> dict[str, str]:
+    """The torchrun-relevant variables Kubeflow Training Operator v1.9 injects into the `pytorch`
+    container of replica `role`/`index` (pkg/controller.v1/pytorch envvar.go, master.go, elastic.go)."""
+    spec = job["spec"]
+    replicas = spec["pytorchReplicaSpecs"]
+    name = job["metadata"]["name"]
+    total = sum(r.get("replicas", 1) for r in replicas.values())
+    port = next(p["containerPort"] for p in container(replicas["Master"]["template"]["spec"], "pytorch")["ports"]
+                if p["name"] == "pytorchjob-port")
+    node_rank = index + (1 if role == "Worker" else 0)
+    env = {"PET_MASTER_ADDR": f"{name}-master-0", "PET_MASTER_PORT": str(port), "PET_NODE_RANK": str(node_rank),
+           "PET_NPROC_PER_NODE": spec.get("nprocPerNode", "auto"),
+           # Node-level, present only with a Master: what the trainer must never read.
+           "MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": str(port), "WORLD_SIZE": str(total),
+           "RANK": str(node_rank)}
+    elastic = spec.get("elasticPolicy")
+    if elastic:
+        host = elastic.get("rdzvHost", f"{name}-worker-0")
+        env.update({"PET_RDZV_BACKEND": elastic.get("rdzvBackend", "c10d"),
+                    "PET_RDZV_ENDPOINT": f"{host}:{elastic.get('rdzvPort', port)}",
+                    "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}"})
+        if "maxRestarts" in elastic:
+            env["PET_MAX_RESTARTS"] = str(elastic["maxRestarts"])
+    else:
+        env["PET_NNODES"] = str(total)
+    return env
+
+
+# -- torchrun + the trainer ---------------------------------------------------------------------
+
+
+def _trainer_config(args: list[str], monkeypatch) -> TrainConfig:
+    """Run the trainer's own entry point on `args` with training replaced by capturing its config."""
+    captured = []
+    monkeypatch.setattr(trainer_main, "train", captured.append)
+    assert trainer_main.main(args) == 0
+    (config,) = captured
+    return config
+
+
+@pytest.mark.parametrize("name", ["cpu-only", "multi-node-gpu", "observability-off"])
+def test_pytorch_containers_run_torchrun_driven_by_the_operator_variables(name, monkeypatch):
+    (job,) = find(list(rendered(name)), "PyTorchJob")
+    for role, replica in job["spec"]["pytorchReplicaSpecs"].items():
+        trainer = container(replica["template"]["spec"], "pytorch")
+        assert trainer["command"] == ["python", "-m", "torch.distributed.run"]
+        # Node count, node rank, processes and rendezvous come from PET_* only: a flag would override them.
+        assert not any(a.startswith(("--nnodes", "--node", "--nproc", "--master", "--rdzv", "--standalone"))
+                       for a in trainer["args"])
+        assert not OPERATOR_NODE_VARIABLES & {e["name"] for e in trainer["env"]}
+        for index in range(replica["replicas"]):
+            env = operator_env(job, role, index)
+            for key, value in env.items():
+                monkeypatch.setenv(key, value)
+            args = torchrun.get_args_parser().parse_args(trainer["args"])
+            config, entry, entry_args = torchrun.config_from_args(args)
+            assert args.module and args.training_script == "lmforge.trainer"
+            assert entry_args == ["-u", "-m", "lmforge.trainer", *args.training_script_args]
+            assert config.nproc_per_node == int(job["spec"]["nprocPerNode"])
+            if "elasticPolicy" in job["spec"]:
+                elastic = job["spec"]["elasticPolicy"]
+                assert (config.min_nodes, config.max_nodes) == (elastic["minReplicas"], elastic["maxReplicas"])
+                assert config.rdzv_backend == "c10d" and config.max_restarts == elastic["maxRestarts"]
+                assert config.rdzv_endpoint == f"{job['metadata']['name']}-master-0:23456"
+            else:
+                total = sum(r["replicas"] for r in job["spec"]["pytorchReplicaSpecs"].values())
+                assert (config.min_nodes, config.max_nodes) == (total, total)
+                assert config.rdzv_backend == "static" and config.rdzv_configs["rank"] == int(env["PET_NODE_RANK"])
+                assert config.rdzv_endpoint == f"{env['PET_MASTER_ADDR']}:{env['PET_MASTER_PORT']}"
+            train = _trainer_config(args.training_script_args, monkeypatch)
+            assert train.run_dir == f"/checkpoints/{job['metadata']['annotations']['lmforge.io/run']}"
+            assert train.metrics.port == 9402 and train.data.cache_dir == "/cache/data"
+            assert train.checkpoint.purge_requires_upload is True
+            assert train.device == ("cuda" if name == "multi-node-gpu" else "cpu")
+
+
+def test_trainer_overrides_keep_their_types(monkeypatch):
+    (job,) = find(list(rendered("cpu-only")), "PyTorchJob")
+    args = container(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"], "pytorch")["args"]
+    config = _trainer_config(args[2:], monkeypatch)
+    assert config.model.preset == "tiny" and config.model.overrides == {"n_layer": 2}
+    assert config.data.sources[0].path == "s3://lmforge/datasets/cc-main-2024-22" and config.data.seq_len == 128
+    assert config.optim.lr == pytest.approx(3e-4) and config.optim.betas == (0.9, 0.95)
+    assert config.optim.schedule == "wsd" and config.parallel.mode == "fsdp"
+    assert config.tracking.run_name == "cpu smoke" and config.steps == 200
+    assert config.checkpoint.every == 100  # a chart default merged with the set's keys
+    (gpu_job,) = find(list(rendered("multi-node-gpu")), "PyTorchJob")
+    gpu_args = container(gpu_job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"], "pytorch")["args"]
+    gpu = _trainer_config(gpu_args[2:], monkeypatch)
+    assert gpu.model.preset == "1.3b" and gpu.parallel.mode == "hsdp" and gpu.parallel.replicate_degree == 4
+    assert gpu.parallel.activation_checkpointing is True and gpu.run_dir == "/checkpoints/cc-1p3b-v1"
+
+
+# -- the other services ---------------------------------------------------------------------------
+
+
+def _containers(name: str, image: str):
+    for obj in rendered(name):
+        for where, pod in pod_specs(obj):
+            for c in containers(pod):
+                if f"lmforge/{image}:" in c["image"]:
+                    yield f"{obj['metadata']['name']} ({where}) {c['name']}", pod, c
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_uploader_restore_and_watch_commands(name):
+    found = list(_containers(name, "uploader"))
+    if not any(o["kind"] == "PyTorchJob" for o in rendered(name)):
+        assert found == []
+        return
+    for where, pod, c in found:
+        assert c["command"] == ["lmforge-uploader"], where
+        args = uploader_parser().parse_args(c["args"])
+        config = load_uploader_config(args.config, args.set)
+        trainer_args = container(pod, "pytorch")["args"]
+        run_dir = next(a.split("=", 1)[1] for a in trainer_args if a.startswith("run_dir="))
+        assert args.dir == f"{run_dir}/checkpoints", where  # the directory the trainer writes
+        uri = args.dest if args.command == "watch" else args.src
+        assert uri.startswith("s3://") and uri.endswith("/" + Path(run_dir).name)
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert mounts["/checkpoints"] == "checkpoints"
+        if args.command == "watch":
+            (port,) = [p["containerPort"] for p in c["ports"] if p["name"] == "uploader-metrics"]
+            assert config.metrics_port == port
+            assert config.grace_seconds + 30 <= pod["terminationGracePeriodSeconds"]
+        else:
+            assert args.step is None  # the newest complete checkpoint
+    if name == "cpu-only":
+        assert {load_uploader_config(None, set_values(c["args"])).transfer.concurrency for _, _, c in found} == {4}
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_dataprep_commands(name):
+    parser = dataprep_parser()
+    for where, _pod, c in _containers(name, "dataprep"):
+        assert c["command"] == ["lmforge-dataprep"], where
+        args = parser.parse_args(c["args"])  # exits (SystemExit) on an unknown command or flag
+        assert args.output.startswith("s3://")
+        if args.command == "run":
+            assert args.worker_index is None and args.num_workers >= 1  # index from JOB_COMPLETION_INDEX
+            load_dataprep_config(args.config, args.overrides)
+            if name == "cpu-only":
+                assert load_dataprep_config(None, args.overrides).langid.threshold == 0.5
+            assert (args.pushgateway is None) == (name == "observability-off")
+        else:
+            assert args.command == "finalize" and not args.overrides  # reuses the workers' recorded config
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_inference_command(name):
+    (found,) = list(_containers(name, "inference"))
+    where, pod, c = found
+    assert c["command"] == ["lmforge-serve"]
+    args = inference_parser().parse_args(c["args"])
+    flags = [f"{k}={v}" for k, v in (("model", args.model), ("host", args.host), ("port", args.port)) if v is not None]
+    config = load_serve_config(args.config, [*args.set, *flags])  # as lmforge-serve's main() builds it
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert config.port == ports["http"] and config.metrics_port == ports["metrics"] and config.host == "0.0.0.0"
+    assert config.model.startswith("s3://") and config.cache_dir.startswith("/tmp/")
+    if name == "multi-node-gpu":
+        assert config.model_name == "lmforge-1.3b" and config.api_keys_file == "/var/run/secrets/lmforge/api-keys/keys"
+    if name == "cpu-only":
+        assert config.engine.max_running == 4
+    if name == "default":
+        assert config.api_keys_file is None
+
+
+@pytest.mark.parametrize("name", [n for n in SETS if n != "canary-off"])
+def test_canary_command_and_eval_set(name, tmp_path):
+    (found,) = list(_containers(name, "canary"))
+    where, pod, c = found
+    assert c["command"] == ["lmforge-canary"]
+    args = canary_parser().parse_args(c["args"])
+    assert args.command == "run"
+    config = load_canary_config(args.config, args.set)
+    # The eval set the pod reads is the ConfigMap's file, valid for the canary's loader.
+    (volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
+    (configmap,) = find(list(rendered(name)), "ConfigMap", volume["configMap"]["name"])
+    (file_name,) = configmap["data"]
+    assert args.eval_set == f"{mount['mountPath']}/{file_name}"
+    local = tmp_path / file_name
+    local.write_text(configmap["data"][file_name])
+    evalset = load_eval_set(str(local))
+    assert evalset.held_out and evalset.checks
+    assert yaml.safe_load(configmap["data"][file_name])["name"] == "lmforge-default"
+    if name == "cpu-only":
+        assert config.tolerance.max_perplexity_increase_ratio == 0.05
+        assert args.api_key_file == "/var/run/secrets/lmforge/api-key/key"  # the inference keys' first key
+    if name == "default":
+        assert args.api_key_file is None

@@ -1,0 +1,479 @@
+"""The Helm chart rendered in-process (Helm's Go SDK) for several value sets: every object is valid
+against the Kubernetes 1.30 OpenAPI schema or its upstream CRD, lint is clean, the schema rejects
+bad values by name, and the workloads keep the platform's security, access and wiring contracts."""
+
+from __future__ import annotations
+
+import re
+
+import helm_python
+import kubernetes_validate
+import pytest
+from helm_python import Chart, HelmRenderError, HelmValuesError
+
+from tests.deploy.chart_values import (
+    CRD_KINDS,
+    KUBE_VERSION,
+    NAMESPACE,
+    VALUE_SETS,
+    container,
+    containers,
+    pod_specs,
+    rendered,
+)
+from tests.helm_chart import CHART, crd_errors, find, render
+
+SETS = sorted(VALUE_SETS)
+MISSING_DEPENDENCIES = ("chart directory is missing these dependencies: "
+                        "kube-prometheus-stack,opentelemetry-collector,prometheus-pushgateway")
+
+
+def workloads(name: str) -> list[dict]:
+    return [o for o in rendered(name) if pod_specs(o)]
+
+
+def all_pods(name: str):
+    for obj in workloads(name):
+        for where, pod in pod_specs(obj):
+            yield f"{obj['metadata']['name']} ({where})", pod
+
+
+# -- validity --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_every_object_validates_against_kubernetes_or_its_crd(name):
+    objects = rendered(name)
+    assert objects
+    for obj in objects:
+        label = f"{obj['kind']}/{obj['metadata']['name']}"
+        assert obj["metadata"].get("namespace") == NAMESPACE, label
+        if obj["kind"] in CRD_KINDS:
+            assert crd_errors(obj) == [], label
+        else:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_lint_is_clean_but_for_the_dependency_charts_it_cannot_fetch(name):
+    report = helm_python.lint(CHART, VALUE_SETS[name], strict=True, namespace=NAMESPACE, kube_version=KUBE_VERSION)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    # No network here: `helm dependency build` cannot fill charts/; that warning is the only one.
+    assert [m["error"] for m in problems] == [MISSING_DEPENDENCIES]
+    assert report["errors"] == [MISSING_DEPENDENCIES]
+
+
+def test_value_sets_render_what_they_turn_on():
+    kinds = {name: {o["kind"] for o in rendered(name)} for name in SETS}
+    platform = {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "CronJob", "NetworkPolicy",
+                "ServiceAccount", "Role", "RoleBinding", "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}
+    assert platform <= kinds["default"] and not {"Job", "PyTorchJob"} & kinds["default"]
+    assert {"Job", "PyTorchJob"} <= kinds["cpu-only"] and {"Job", "PyTorchJob"} <= kinds["multi-node-gpu"]
+    assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule"} & kinds["observability-off"]
+    # No rules file, no dashboards: the canary's eval set is the only ConfigMap left.
+    assert [c["metadata"]["name"] for c in find(list(rendered("observability-off")), "ConfigMap")] \
+        == ["lmforge-canary-eval-set"]
+    assert "CronJob" not in kinds["canary-off"]
+    assert "HorizontalPodAutoscaler" not in kinds["cpu-only"]
+
+
+# -- the schema --------------------------------------------------------------------------------
+
+BAD_VALUES = [
+    ({"training": {"nodes": 0}}, "/training/nodes"),
+    ({"inference": {"replicas": "two"}}, "/inference/replicas"),
+    ({"replicas": 3}, "'replicas' not allowed"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"training": {"gpusPerProcess": 2}}, "/training/gpusPerProcess"),
+    ({"training": {"restartPolicy": "Sometimes"}}, "/training/restartPolicy"),
+    ({"training": {"objectStore": "/data/runs"}}, "/training/objectStore"),
+    ({"training": {"shmSize": "lots"}}, "/training/shmSize"),
+    ({"inference": {"resources": {"limits": None}}}, "/inference/resources"),
+    ({"training": {"resources": {"requests": {"memory": "lots"}}}}, "/training/resources/requests/memory"),
+    ({"inference": {"port": 70000}}, "/inference/port"),
+    ({"inference": {"pdb": {"minAvailable": "half"}}}, "/inference/pdb/minAvailable"),
+    ({"inference": {"autoscaling": {"targetCPUUtilizationPercentage": 0}}}, "/inference/autoscaling"),
+    ({"canary": {"schedule": "every day"}}, "/canary/schedule"),
+    ({"canary": {"evalSet": {"held_out": [], "checks": []}}}, "/canary/evalSet"),
+    ({"dataprep": {"input": ["/local/file.wet"]}}, "/dataprep/input"),
+    ({"networkPolicy": {"ingressFrom": [{"namespace": "ingress"}]}}, "/networkPolicy/ingressFrom"),
+    ({"podSecurityContext": {"runAsUser": 0}}, "/podSecurityContext/runAsUser"),
+    ({"podSecurityContext": {"runAsNonRoot": False}}, "'runAsNonRoot' not allowed"),
+    ({"alerts": {"canary": {"stale": {"for": "half an hour"}}}}, "/alerts/canary/stale/for"),
+    ({"monitoring": {"serviceMonitors": {"interval": 30}}}, "/monitoring/serviceMonitors/interval"),
+    ({"prometheus-pushgateway": {"enabled": "yes"}}, "/prometheus-pushgateway/enabled"),
+]
+
+
+@pytest.fixture(scope="module")
+def chart():
+    return Chart.load(CHART)
+
+
+@pytest.mark.parametrize("values, field", BAD_VALUES, ids=[f for _, f in BAD_VALUES])
+def test_the_schema_rejects_bad_values_naming_the_field(chart, values, field):
+    with pytest.raises(HelmValuesError) as caught:
+        chart.validate_schema(values)
+    assert field in str(caught.value)
+    with pytest.raises(HelmValuesError):  # install renders fail the same way
+        render(values)
+
+
+def test_the_schema_accepts_every_value_set_and_open_dependency_sections(chart):
+    for values in VALUE_SETS.values():
+        chart.validate_schema(values)
+    chart.validate_schema({"kube-prometheus-stack": {"enabled": True, "grafana": {"adminPassword": "x"}},
+                           "opentelemetry-collector": {"enabled": True, "mode": "daemonset"}})
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"training": {"enabled": True, "nodes": 2}}, "training.checkpoints.persistentVolumeClaim"),
+    ({"training": {"enabled": True, "elastic": {"enabled": True, "minNodes": 2, "maxNodes": 4}}}, "minNodes"),
+    ({"training": {"enabled": True, "config": {"run_dir": "/x"}}}, "training.config.run_dir is set by the chart"),
+    ({"training": {"enabled": True, "config": {"metrics": {"port": 1}}}}, "training.metricsPort"),
+    ({"training": {"enabled": True, "uploader": {"config": {"metrics_port": 1}}}}, "training.uploader.metricsPort"),
+    ({"inference": {"config": {"api_keys_file": "/k"}}}, "inference.apiKeys.secretName"),
+    ({"dataprep": {"enabled": True, "workers": 2, "parallelism": 4}}, "dataprep.parallelism"),
+    ({"inference": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas"),
+])
+def test_inconsistent_values_fail_the_render_with_a_message(values, message):
+    with pytest.raises(HelmRenderError) as caught:
+        render(values)
+    assert message in str(caught.value)
+
+
+# -- security ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_every_pod_is_locked_down_and_every_container_has_resources(name):
+    pods = list(all_pods(name))
+    assert len(pods) >= 1
+    for where, pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["runAsUser"] != 0, where
+        assert pod["automountServiceAccountToken"] is False, where
+        for c in containers(pod):
+            label = f"{where} container {c['name']}"
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True, label
+            assert sc["readOnlyRootFilesystem"] is True, label
+            assert sc["allowPrivilegeEscalation"] is False, label
+            assert sc["capabilities"] == {"drop": ["ALL"]}, label
+            assert "privileged" not in sc, label
+            resources = c["resources"]
+            assert resources["requests"].keys() >= {"cpu", "memory"}, label
+            assert resources["limits"].keys() >= {"cpu", "memory"}, label
+            mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+            assert "/tmp" in mounts, label  # the only writable place besides data volumes
+            assert c["command"] and "args" in c, label  # never dependent on an image's entrypoint
+
+
+SECRETISH = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_credentials_only_by_secret_reference(name):
+    assert find(list(rendered(name)), "Secret") == []
+    for where, pod in all_pods(name):
+        for c in containers(pod):
+            for env in c.get("env", []):
+                if SECRETISH.search(env["name"]):
+                    assert set(env) == {"name", "valueFrom"} and "secretKeyRef" in env["valueFrom"], (where, env)
+            assert "envFrom" not in c or all("secretRef" in e for e in c["envFrom"])
+            for arg in c["args"]:
+                assert not re.search(r"(api_key|secret|password)=", arg, re.IGNORECASE), (where, arg)
+
+
+def test_s3_keys_and_api_keys_come_from_the_named_secrets():
+    objects = list(rendered("multi-node-gpu"))
+    for where, pod in all_pods("multi-node-gpu"):
+        for c in containers(pod):
+            refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
+            assert refs == {"AWS_ACCESS_KEY_ID": {"name": "lmforge-s3", "key": "AWS_ACCESS_KEY_ID"},
+                            "AWS_SECRET_ACCESS_KEY": {"name": "lmforge-s3", "key": "AWS_SECRET_ACCESS_KEY"}}, where
+    (deployment,) = find(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"] == {"secretName": "lmforge-api-keys", "items": [{"key": "api-keys", "path": "keys"}]}
+    server = container(pod, "inference")
+    (mount,) = [m for m in server["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] and "subPath" not in mount  # a rotated Secret reaches the file
+    assert f"api_keys_file={mount['mountPath']}/keys" in server["args"]
+    (cron,) = find(objects, "CronJob")
+    canary_pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (key_volume,) = [v for v in canary_pod["volumes"] if "secret" in v]
+    assert key_volume["secret"]["secretName"] == "lmforge-canary-key"
+    # The default set: no keys anywhere, pod identity for S3.
+    for _, pod in all_pods("default"):
+        for c in containers(pod):
+            assert not any("valueFrom" in e for e in c["env"])
+            assert not any("secret" in v for v in pod.get("volumes", []))
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_rbac_is_one_namespaced_role_with_exactly_the_pipeline_verbs(name):
+    objects = list(rendered(name))
+    assert find(objects, "ClusterRole") == [] and find(objects, "ClusterRoleBinding") == []
+    (role,) = find(objects, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    rules = {(group, resource): sorted(rule["verbs"])
+             for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert rules == {
+        ("kubeflow.org", "pytorchjobs"): sorted(["create", "get", "list", "watch", "delete"]),
+        ("batch", "jobs"): sorted(["create", "get", "list", "watch", "delete"]),
+        ("", "pods"): sorted(["get", "list", "watch"]),
+        ("", "pods/log"): ["get"],
+    }
+    assert all("resourceNames" not in r and "*" not in r["verbs"] for r in role["rules"])
+    (binding,) = find(objects, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "lmforge-pipeline-runner",
+                                    "namespace": NAMESPACE}]
+    accounts = {sa["metadata"]["name"]: sa for sa in find(objects, "ServiceAccount")}
+    assert set(accounts) == {"lmforge-pipeline-runner", "lmforge-workloads"}
+    assert accounts["lmforge-workloads"]["automountServiceAccountToken"] is False
+    for where, pod in all_pods(name):
+        assert pod["serviceAccountName"] == "lmforge-workloads", where  # the runner's rights stay with the runner
+
+
+def test_rbac_and_service_accounts_can_be_left_to_the_cluster():
+    objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}})
+    assert not find(objects, "Role") and not find(objects, "RoleBinding") and not find(objects, "ServiceAccount")
+    (deployment,) = find(objects, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+def _ports(rule: dict) -> set[int]:
+    return {p["port"] for p in rule.get("ports", [])}
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_network_policies_admit_only_the_gateway_canary_and_prometheus(name):
+    objects = list(rendered(name))
+    policies = {p["metadata"]["name"]: p for p in find(objects, "NetworkPolicy")}
+    assert set(policies) == {"lmforge-inference", "lmforge-trainer", "lmforge-batch"}
+    for policy in policies.values():
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert all(rule.get("from") for rule in policy["spec"]["ingress"])  # no "from anywhere" rule
+    inference = policies["lmforge-inference"]["spec"]
+    assert inference["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "inference"
+    api, metrics = inference["ingress"]
+    assert _ports(api) == {8000} and _ports(metrics) == {9400}
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}} in api["from"]
+    assert any(peer.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "canary"
+               for peer in api["from"])
+    assert metrics["from"] == [{"namespaceSelector": {},
+                                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    trainer = policies["lmforge-trainer"]["spec"]
+    peers, scrape = trainer["ingress"]
+    assert peers["from"] == [{"podSelector": {"matchLabels": trainer["podSelector"]["matchLabels"]}}]
+    assert _ports(scrape) == {9402, 9401} and scrape["from"] == metrics["from"]
+    batch = policies["lmforge-batch"]["spec"]
+    assert batch["ingress"] == []
+    assert batch["podSelector"]["matchExpressions"][0]["values"] == ["dataprep", "canary"]
+    # Every pod the chart runs is selected by one of them.
+    for obj in workloads(name):
+        labels = (obj["spec"].get("template") or obj["spec"].get("jobTemplate", {}).get("spec", {}).get("template")
+                  or next(iter(obj["spec"].get("pytorchReplicaSpecs", {}).values()))["template"])["metadata"]["labels"]
+        assert any(_selects(p["spec"]["podSelector"], labels) for p in policies.values()), obj["metadata"]["name"]
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    return all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []))
+
+
+def test_network_policies_can_be_turned_off():
+    assert find(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+# -- the workloads ---------------------------------------------------------------------------
+
+
+def _pytorchjob(name: str) -> dict:
+    (job,) = find(list(rendered(name)), "PyTorchJob")
+    return job
+
+
+def test_pytorchjob_multi_node_gpu():
+    job = _pytorchjob("multi-node-gpu")
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    spec = job["spec"]
+    assert spec["nprocPerNode"] == "8"
+    replicas = spec["pytorchReplicaSpecs"]
+    assert set(replicas) == {"Master", "Worker"}
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 3
+    assert spec["elasticPolicy"] == {"rdzvBackend": "c10d", "rdzvHost": "lmforge-trainer-master-0", "rdzvPort": 23456,
+                                     "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 5}
+    for role, replica in replicas.items():
+        pod = replica["template"]["spec"]
+        trainer = container(pod, "pytorch")
+        assert [c["name"] for c in pod["containers"]] == ["pytorch"]
+        assert trainer["image"] == "ghcr.io/example/lmforge/trainer:1.2.3"
+        assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert trainer["resources"]["requests"]["nvidia.com/gpu"] == "8"
+        assert {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"} in trainer["ports"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+        assert volumes["checkpoints"] == {"name": "checkpoints",
+                                          "persistentVolumeClaim": {"claimName": "lmforge-checkpoints"}}
+        assert {"mountPath": "/dev/shm", "name": "shm"} in trainer["volumeMounts"]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert "podAntiAffinity" in pod["affinity"] and pod["priorityClassName"] == "training-high"
+        assert pod["imagePullSecrets"] == [{"name": "ghcr"}]
+        assert "device=cuda" in trainer["args"]
+        # On the shared claim the Master alone restores and uploads.
+        init = [c["name"] for c in pod.get("initContainers", [])]
+        assert init == (["restore", "uploader"] if role == "Master" else []), role
+
+
+def test_pytorchjob_single_node_cpu_with_restore_and_native_uploader_sidecar():
+    job = _pytorchjob("cpu-only")
+    spec = job["spec"]
+    assert "elasticPolicy" not in spec
+    assert set(spec["pytorchReplicaSpecs"]) == {"Master"}
+    master = spec["pytorchReplicaSpecs"]["Master"]
+    assert master["replicas"] == 1 and master["restartPolicy"] == "OnFailure"
+    assert spec["nprocPerNode"] == "2"
+    pod = master["template"]["spec"]
+    trainer = container(pod, "pytorch")
+    assert "nvidia.com/gpu" not in trainer["resources"]["limits"] and "device=cpu" in trainer["args"]
+    restore, uploader = pod["initContainers"]
+    assert restore["name"] == "restore" and "restartPolicy" not in restore  # runs to completion first
+    assert uploader["name"] == "uploader" and uploader["restartPolicy"] == "Always"  # a native sidecar
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["checkpoints"] and volumes["shm"]["emptyDir"]["medium"] == "Memory"
+    for c in (restore, uploader, trainer):
+        assert {"name": "checkpoints", "mountPath": "/checkpoints"} in c["volumeMounts"], c["name"]
+    assert restore["args"][:5] == ["restore", "--src", "s3://lmforge/runs/default-run",
+                                   "--dir", "/checkpoints/default-run/checkpoints"]
+    assert uploader["args"][:5] == ["watch", "--dir", "/checkpoints/default-run/checkpoints",
+                                    "--dest", "s3://lmforge/runs/default-run"]
+    assert "run_dir=/checkpoints/default-run" in trainer["args"]
+    assert "checkpoint.purge_requires_upload=true" in trainer["args"]
+    # The sidecar outlives the trainer only as long as its grace period, which the pod allows.
+    assert pod["terminationGracePeriodSeconds"] >= 300 + 30
+    assert "grace_seconds=300" in uploader["args"]
+
+
+def test_pytorchjob_without_uploader_neither_restores_nor_waits_for_uploads():
+    (job,) = find(render({"training": {"enabled": True, "uploader": {"enabled": False}}}), "PyTorchJob")
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert "checkpoint.purge_requires_upload=false" in container(pod, "pytorch")["args"]
+
+
+def test_monitor_selectors_match_the_pods_and_ports_they_scrape():
+    objects = list(rendered("multi-node-gpu"))
+    (service,) = find(objects, "Service")
+    (service_monitor,) = find(objects, "ServiceMonitor")
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "metrics"}
+    assert service_monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    (deployment,) = find(objects, "Deployment")
+    server = container(deployment["spec"]["template"]["spec"], "inference")
+    assert {p["name"]: p["containerPort"] for p in server["ports"]} == {"http": 8000, "metrics": 9400}
+    assert "metrics_port=9400" in server["args"]
+
+    replicas = _pytorchjob("multi-node-gpu")["spec"]["pytorchReplicaSpecs"]
+    master, worker = (replicas[r]["template"] for r in ("Master", "Worker"))
+    trainer_monitor = find(objects, "PodMonitor", "lmforge-trainer")[0]["spec"]
+    uploader_monitor = find(objects, "PodMonitor", "lmforge-uploader")[0]["spec"]
+    assert _selects(trainer_monitor["selector"], master["metadata"]["labels"])
+    assert not _selects(trainer_monitor["selector"], worker["metadata"]["labels"])
+    assert _selects(uploader_monitor["selector"], master["metadata"]["labels"])
+    master_ports = {p["name"]: p["containerPort"] for c in containers(master["spec"]) for p in c.get("ports", [])}
+    assert master_ports["metrics"] == 9402 and master_ports["uploader-metrics"] == 9401
+    assert trainer_monitor["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert uploader_monitor["podMetricsEndpoints"][0]["port"] == "uploader-metrics"
+    assert "metrics.port=9402" in container(master["spec"], "pytorch")["args"]
+    assert "metrics_port=9401" in container(master["spec"], "uploader")["args"]
+
+
+def test_dataprep_indexed_workers_then_finalize_hook():
+    jobs = {j["metadata"]["name"]: j for j in find(list(rendered("multi-node-gpu")), "Job")}
+    workers, finalize = jobs["lmforge-dataprep-workers"], jobs["lmforge-dataprep-finalize"]
+    spec = workers["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == 64 and spec["parallelism"] == 32
+    assert spec["template"]["spec"]["restartPolicy"] == "Never" and spec["backoffLimitPerIndex"] == 2
+    args = container(spec["template"]["spec"], "dataprep")["args"]
+    assert args[args.index("--num-workers") + 1] == "64" and args[args.index("--workers") + 1] == "4"
+    assert "--worker-index" not in args  # JOB_COMPLETION_INDEX, set by Kubernetes
+    assert finalize["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert container(finalize["spec"]["template"]["spec"], "finalize")["args"][0] == "finalize"
+
+
+@pytest.mark.parametrize("name", ["default", "multi-node-gpu", "cpu-only"])
+def test_inference_probes_service_hpa_and_pdb(name):
+    objects = list(rendered(name))
+    (deployment,) = find(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    server = container(pod, "inference")
+    assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert server["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://lmforge-opentelemetry-collector:4318"} \
+        in server["env"]
+    (pdb,) = find(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    hpas = find(objects, "HorizontalPodAutoscaler")
+    if name == "cpu-only":
+        assert hpas == [] and deployment["spec"]["replicas"] == 1
+    else:
+        (hpa,) = hpas
+        assert "replicas" not in deployment["spec"]  # the HPA owns the count
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                 "name": deployment["metadata"]["name"]}
+    if name == "multi-node-gpu":
+        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "lmforge_inference_requests_waiting"
+        assert server["resources"]["limits"]["nvidia.com/gpu"] == "1" and pdb["spec"]["minAvailable"] == "50%"
+
+
+def test_canary_cronjob_daily_forbid_with_the_eval_set_mounted():
+    objects = list(rendered("default"))
+    (cron,) = find(objects, "CronJob")
+    spec = cron["spec"]
+    minute, hour, day, month, weekday = spec["schedule"].split()
+    assert minute.isdigit() and hour.isdigit() and (day, month, weekday) == ("*", "*", "*")  # once a day
+    assert spec["concurrencyPolicy"] == "Forbid"
+    job = spec["jobTemplate"]["spec"]
+    exits = job["podFailurePolicy"]["rules"][0]
+    assert exits["action"] == "FailJob" and 1 in exits["onExitCodes"]["values"]  # a regression is not retried
+    assert 4 not in exits["onExitCodes"]["values"]  # an unreachable endpoint is
+    pod = job["template"]["spec"]
+    args = container(pod, "canary")["args"]
+    assert args[args.index("--endpoint") + 1] == "http://lmforge-inference:8000"
+    assert args[args.index("--pushgateway") + 1] == "http://lmforge-prometheus-pushgateway:9091"
+    (volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert find(objects, "ConfigMap", volume["configMap"]["name"])
+    observability_off = find(list(rendered("observability-off")), "CronJob")[0]
+    off_args = container(observability_off["spec"]["jobTemplate"]["spec"]["template"]["spec"], "canary")["args"]
+    assert "--pushgateway" not in off_args  # nothing to push to: the run still prints its verdict
+
+
+def test_telemetry_endpoints_can_point_at_existing_services():
+    objects = render({"telemetry": {"otlpEndpoint": "http://otel.observability:4318",
+                                    "pushgateway": "http://pushgateway.monitoring:9091"},
+                      "opentelemetry-collector": {"enabled": False}, "prometheus-pushgateway": {"enabled": False}})
+    (deployment,) = find(objects, "Deployment")
+    env = container(deployment["spec"]["template"]["spec"], "inference")["env"]
+    assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel.observability:4318"} in env
+    (cron,) = find(objects, "CronJob")
+    args = container(cron["spec"]["jobTemplate"]["spec"]["template"]["spec"], "canary")["args"]
+    assert args[args.index("--pushgateway") + 1] == "http://pushgateway.monitoring:9091"
+
+
+def test_notes_tell_how_to_reach_the_api_grafana_logs_and_the_canary():
+    manifests = Chart.load(CHART).render(VALUE_SETS["multi-node-gpu"], name="lmforge", namespace=NAMESPACE,
+                                         is_install=True)
+    notes = manifests["lmforge/templates/NOTES.txt"]
+    assert "kubectl -n ml port-forward service/lmforge-inference 8000:8000" in notes
+    assert 'Authorization: Bearer $API_KEY' in notes and "get secret lmforge-api-keys" in notes
+    assert "grafana_dashboard=1" in notes
+    assert "| jq" in notes and "kubectl -n ml logs" in notes
+    assert "LmforgeCanaryRegression" in notes and "cronjob/lmforge-canary" in notes
+    assert "PyTorchJob lmforge-trainer" in notes
