@@ -22,6 +22,7 @@ from lmforge.trainer.config import TrainConfig
 from lmforge.uploader.cli import _parser as uploader_parser
 from lmforge.uploader.config import load_uploader_config
 from tests.deploy.chart_values import VALUE_SETS, container, containers, pod_specs, rendered, set_values
+from tests.deploy.emulation import operator_env
 from tests.helm_chart import find
 
 SETS = sorted(VALUE_SETS)
@@ -37,34 +38,6 @@ def clean_env(monkeypatch):
         if key.startswith(("LMFORGE_", "PET_", "TORCHELASTIC_")):
             monkeypatch.delenv(key)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
-def operator_env(job: dict, role: str, index: int) -> dict[str, str]:
-    """The torchrun-relevant variables Kubeflow Training Operator v1.9 injects into the `pytorch`
-    container of replica `role`/`index` (pkg/controller.v1/pytorch envvar.go, master.go, elastic.go)."""
-    spec = job["spec"]
-    replicas = spec["pytorchReplicaSpecs"]
-    name = job["metadata"]["name"]
-    total = sum(r.get("replicas", 1) for r in replicas.values())
-    port = next(p["containerPort"] for p in container(replicas["Master"]["template"]["spec"], "pytorch")["ports"]
-                if p["name"] == "pytorchjob-port")
-    node_rank = index + (1 if role == "Worker" else 0)
-    env = {"PET_MASTER_ADDR": f"{name}-master-0", "PET_MASTER_PORT": str(port), "PET_NODE_RANK": str(node_rank),
-           "PET_NPROC_PER_NODE": spec.get("nprocPerNode", "auto"),
-           # Node-level, present only with a Master: what the trainer must never read.
-           "MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": str(port), "WORLD_SIZE": str(total),
-           "RANK": str(node_rank)}
-    elastic = spec.get("elasticPolicy")
-    if elastic:
-        host = elastic.get("rdzvHost", f"{name}-worker-0")
-        env.update({"PET_RDZV_BACKEND": elastic.get("rdzvBackend", "c10d"),
-                    "PET_RDZV_ENDPOINT": f"{host}:{elastic.get('rdzvPort', port)}",
-                    "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}"})
-        if "maxRestarts" in elastic:
-            env["PET_MAX_RESTARTS"] = str(elastic["maxRestarts"])
-    else:
-        env["PET_NNODES"] = str(total)
-    return env
 
 
 # -- torchrun + the trainer ---------------------------------------------------------------------
