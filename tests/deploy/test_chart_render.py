@@ -224,8 +224,15 @@ def test_rbac_is_one_namespaced_role_with_exactly_the_pipeline_verbs(name):
         ("batch", "jobs"): sorted(["create", "get", "list", "watch", "delete"]),
         ("", "pods"): sorted(["get", "list", "watch"]),
         ("", "pods/log"): ["get"],
+        ("apps", "deployments"): ["get", "patch"],  # the rollout step, this release's Deployment only
+        ("apps", "deployments/status"): ["get"],
     }
-    assert all("resourceNames" not in r and "*" not in r["verbs"] for r in role["rules"])
+    assert all("*" not in r["verbs"] for r in role["rules"])
+    for rule in role["rules"]:
+        if rule["apiGroups"] == ["apps"]:
+            assert rule["resourceNames"] == ["lmforge-inference"]
+        else:
+            assert "resourceNames" not in rule
     (binding,) = find(objects, "RoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": role["metadata"]["name"]}

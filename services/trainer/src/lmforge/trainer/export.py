@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 
 from lmforge.common import model_package
-from lmforge.common.errors import InputError
+from lmforge.common.errors import InputError, StorageError
 from lmforge.common.model import GPT
+from lmforge.common.storage import S3Store, scheme_of
 from lmforge.trainer.checkpoint import COMMIT_MARKER
 from lmforge.trainer.config import TrainConfig
 
@@ -21,14 +23,26 @@ def export(checkpoint: str | Path, output: str | Path) -> Path:
         raise InputError(f"{checkpoint}: not a committed checkpoint (no {COMMIT_MARKER})")
     meta = json.loads((checkpoint / "meta.json").read_text())
     config = TrainConfig.model_validate(meta["config"])
-    source = Path(config.data.sources[0].path)
-    tokenizer = source / "tokenizer.json"
-    if not tokenizer.is_file() or hashlib.sha256(tokenizer.read_bytes()).hexdigest() != meta["tokenizer_sha256"]:
-        raise InputError(f"{tokenizer}: missing, or not the tokenizer this checkpoint was trained with")
-    vocab_size = json.loads((source / "manifest.json").read_text())["tokenizer"]["vocab_size"]
-    model = GPT(config.model.build(vocab_size=vocab_size))
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint))  # consolidates the shards of any world size
-    model.load_state_dict(state["model"])
-    model_package.write_package(model, tokenizer, output, step=meta["step"])
+    with tempfile.TemporaryDirectory(prefix="lmforge-export-") as scratch:
+        tokenizer, manifest = _source_files(config.data.sources[0].path, Path(scratch))
+        if not tokenizer.is_file() or hashlib.sha256(tokenizer.read_bytes()).hexdigest() != meta["tokenizer_sha256"]:
+            raise InputError(f"{tokenizer}: missing, or not the tokenizer this checkpoint was trained with")
+        vocab_size = json.loads(manifest.read_text())["tokenizer"]["vocab_size"]
+        model = GPT(config.model.build(vocab_size=vocab_size))
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=str(checkpoint))  # consolidates the shards of any world size
+        model.load_state_dict(state["model"])
+        model_package.write_package(model, tokenizer, output, step=meta["step"])
     return output
+
+
+def _source_files(uri: str, scratch: Path) -> tuple[Path, Path]:
+    """tokenizer.json and manifest.json of the first data source, as local files: a local
+    directory's own, or (an s3:// source, as on a cluster) downloaded into `scratch`."""
+    if scheme_of(uri) != "s3":
+        return Path(uri) / "tokenizer.json", Path(uri) / "manifest.json"
+    store = S3Store(uri, scratch)
+    try:
+        return store.local_path("tokenizer.json"), store.local_path("manifest.json")
+    except StorageError as exc:
+        raise InputError(f"{uri}: cannot read the data source's tokenizer.json / manifest.json ({exc})") from exc

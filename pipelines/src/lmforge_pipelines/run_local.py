@@ -1,0 +1,56 @@
+"""Run the data and train pipelines on this machine with kfp.local (SubprocessRunner in this
+environment, the local torchrun launcher): the same pipeline code the KFP backend runs.
+
+    python -m lmforge_pipelines.run_local --workdir demo-pipelines
+    # → WORKDIR/data (shards, report.html), WORKDIR/runs/<run>, WORKDIR/models/<run>-step<N>
+
+kfp.local checks the plumbing, not Kubernetes: resources, retries and images are ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmforge_pipelines.run_local", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True, help="where data, runs, models and KFP's outputs go")
+    parser.add_argument("--shards", type=int, default=2, help="generated WET files")
+    parser.add_argument("--docs-per-shard", type=int, default=1500)
+    parser.add_argument("--workers", type=int, default=2, help="data-prep workers (ParallelFor)")
+    parser.add_argument("--languages", default="en")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--nproc", type=int, default=2, help="torchrun processes (FSDP when more than one)")
+    parser.add_argument("--run-name", default="local")
+    args = parser.parse_args(argv)
+
+    from kfp import local
+
+    from lmforge_pipelines.data_pipeline import data_pipeline
+    from lmforge_pipelines.train_pipeline import train_pipeline
+
+    workdir = Path(args.workdir).resolve()
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "kfp"))
+    data = data_pipeline(crawl="sample", shards=args.shards, docs_per_shard=args.docs_per_shard, workers=args.workers,
+                         languages=args.languages, output=str(workdir / "data"), finalize_processes=args.workers,
+                         dataprep_config={"tokenizer": {"vocab_size": args.vocab_size},
+                                          "shards": {"shard_tokens": 200_000, "val_fraction": 0.02}})
+    trained = train_pipeline(
+        data=data.outputs["data"], model_preset="tiny", steps=args.steps, nodes=1, gpus_per_node=args.nproc,
+        parallel_mode="fsdp" if args.nproc > 1 else "none", launcher="local", run_name=args.run_name,
+        train_config={"data": {"seq_len": 128, "batch_size": 4}}, checkpoint_store=str(workdir / "runs"),
+        models_store=str(workdir / "models"), eval_sequences=128)
+    summary = {"data": data.outputs["data"], "report_html": data.outputs["report"].path,
+               "model": trained.outputs["model_uri"], "val_loss": trained.outputs["val_loss"]}
+    sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

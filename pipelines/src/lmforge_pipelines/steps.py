@@ -1,0 +1,374 @@
+"""What each pipeline step does, as plain functions (the KFP components in components.py are thin
+wrappers around these, so the logic is importable and testable without KFP).
+
+Steps call the lmforge CLIs (`lmforge-dataprep`, `lmforge-train`, `lmforge-uploader`) as
+subprocesses, exactly as a user would, and share data through a storage location (an s3://
+prefix on a cluster, a local directory with kfp.local): never through KFP artifacts, which are
+not shared between the parallel workers of a ParallelFor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from lmforge_pipelines.launcher import PodSettings, TrainingJob, TrainingResult, make_launcher
+
+SAMPLE_CRAWL = "sample"  # crawl="sample": generate synthetic WET files instead of downloading
+WET_DIR = "wet"  # the inputs, under the data-prep output
+WET_SUFFIX = ".warc.wet.gz"
+INPUTS_FILE = "inputs.json"  # <output>/wet/inputs.json: the run's input URIs, in order
+
+
+class StepError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def cli(name: str) -> str:
+    """A console script of this environment (beside the running interpreter), else from PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if not found:
+        raise StepError(f"{name} not found beside {sys.executable} or on PATH (is the lmforge service installed?)")
+    return found
+
+
+def call(command: list[str], *, what: str) -> None:
+    """Run a CLI with its output going to this step's log; fail the step naming the command."""
+    print("+ " + " ".join(command), flush=True)
+    result = subprocess.run(command, check=False)
+    if result.returncode != 0:
+        raise StepError(f"{what} failed (exit status {result.returncode}): {' '.join(command)}")
+
+
+def flatten(values: Mapping[str, Any] | None, prefix: str = "") -> list[str]:
+    """{"tokenizer": {"vocab_size": 512}} → ["tokenizer.vocab_size=512"]: the services' key=value
+    overrides, each value JSON (which their YAML parser reads back with its type). Dotted keys
+    ({"tokenizer.vocab_size": 512}) work too. Empty maps are values (e.g. model.overrides={})."""
+    pairs = []
+    for key, value in (values or {}).items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            pairs.extend(flatten(value, path))
+        else:
+            pairs.append(f"{path}={json.dumps(_integral(value))}")
+    return pairs
+
+
+def _integral(value: Any) -> Any:
+    """Whole floats back to ints: KFP hands dict parameters over as protobuf Structs, whose
+    numbers are doubles (512 arrives as 512.0, which an int config field would refuse)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
+
+
+def parse_languages(languages: str | Iterable[str]) -> list[str]:
+    """"en, de" or ["en", "de"] → ["en", "de"] (fastText language codes)."""
+    items = languages.split(",") if isinstance(languages, str) else list(languages)
+    codes = [str(code).strip().lower() for code in items if str(code).strip()]
+    if not codes:
+        raise StepError("languages: give at least one language code, e.g. en or en,de")
+    for code in codes:
+        if not re.fullmatch(r"[a-z]{2,3}", code):
+            raise StepError(f"languages: {code!r} is not a language code like en or de")
+    return codes
+
+
+def _store_is_local(uri: str) -> bool:
+    from lmforge.common.storage import scheme_of
+
+    return scheme_of(uri) in ("", "file")
+
+
+def _local(uri: str) -> Path:
+    from lmforge.common.storage import local_path_of
+
+    return local_path_of(uri)
+
+
+def _publish_dir(local_dir: Path, dest: str, *, last: str | None = None) -> None:
+    """Copy the files of `local_dir` under the s3:// prefix `dest`, `last` (a name) at the end."""
+    from lmforge.common.storage import open_store
+
+    store = open_store(dest)
+    files = sorted(p for p in local_dir.rglob("*") if p.is_file())
+    files.sort(key=lambda p: p.name == last)
+    for path in files:
+        with store.open_write(path.relative_to(local_dir).as_posix()) as out, open(path, "rb") as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+
+
+# ----------------------------------------------------------------------------- data pipeline
+
+def fetch_inputs(*, crawl: str, shards: int, output: str, docs_per_shard: int = 2000,
+                 base_url: str = "https://data.commoncrawl.org") -> list[str]:
+    """The WET files of the run, placed under <output>/wet/ (shared storage), as URIs; their
+    list is recorded in <output>/wet/inputs.json for the workers.
+
+    crawl="sample" writes `shards` synthetic WET files of `docs_per_shard` documents
+    (`lmforge-dataprep sample-data`, seeds 0..shards-1); a crawl id (CC-MAIN-YYYY-WW) downloads the
+    crawl's first `shards` WET files (`lmforge-dataprep fetch`, resumable). Files already in place
+    are kept, so a retried step does not start over."""
+    from lmforge.common.storage import open_store
+
+    if shards < 1:
+        raise StepError(f"shards must be at least 1, got {shards}")
+    if crawl == SAMPLE_CRAWL and docs_per_shard < 1:
+        raise StepError(f"docs_per_shard must be at least 1, got {docs_per_shard}")
+    dest = f"{output.rstrip('/')}/{WET_DIR}"
+    local = _store_is_local(dest)
+    store = open_store(dest)
+    present = set() if local else set(store.list())  # already in the object store: not again
+    staging = _local(dest) if local else Path(tempfile.mkdtemp(prefix="lmforge-wet-"))
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        dataprep = cli("lmforge-dataprep")
+        if crawl == SAMPLE_CRAWL:
+            names = [f"sample-{i:05d}{WET_SUFFIX}" for i in range(shards)]
+            for i, name in enumerate(names):
+                if name not in present and not (staging / name).exists():  # sample-data writes atomically
+                    call([dataprep, "sample-data", "--output", str(staging / name), "--docs", str(docs_per_shard),
+                          "--seed", str(i)], what="sample-data")
+        else:
+            call([dataprep, "fetch", "--crawl", crawl, "--shards", str(shards), "--output", str(staging),
+                  "--base-url", base_url], what="fetch")
+            # The files the crawl's listing names first, in its order (fetch saved the listing).
+            names = [PurePosixPath(path).name for path in _read_listing(staging / "wet.paths.gz")[:shards]]
+        missing = [n for n in names if n not in present and not (staging / n).is_file()]
+        if missing:
+            raise StepError(f"WET files missing in {staging} after the download: {missing}")
+        if local:
+            uris = [str(staging / name) for name in names]
+        else:
+            for name in names:
+                if name not in present:
+                    with store.open_write(name) as out, open(staging / name, "rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+            uris = [f"{dest}/{name}" for name in names]
+    finally:
+        if not local:
+            shutil.rmtree(staging, ignore_errors=True)
+    store.write_bytes(INPUTS_FILE, json.dumps(uris, indent=1).encode())
+    return uris
+
+
+def _read_listing(path: Path) -> list[str]:
+    import gzip
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def read_inputs(output: str) -> list[str]:
+    """The input list fetch_inputs recorded under <output>/wet/."""
+    from lmforge.common.storage import open_store
+
+    store = open_store(f"{output.rstrip('/')}/{WET_DIR}")
+    if not store.exists(INPUTS_FILE):
+        raise StepError(f"{store.join(INPUTS_FILE)} not found: the fetch step writes it")
+    return json.loads(store.read_text(INPUTS_FILE))
+
+
+def plan_workers(workers: int) -> list[int]:
+    if workers < 1:
+        raise StepError(f"workers must be at least 1, got {workers}")
+    return list(range(workers))
+
+
+def dataprep_overrides(languages: str, dataprep_config: Mapping[str, Any] | None) -> list[str]:
+    """The --set overrides every data-prep step of a run passes: they must be identical, since
+    the workers record the config and check it against each other."""
+    pairs = [f"langid.languages={json.dumps(parse_languages(languages))}", *flatten(dataprep_config)]
+    return [arg for pair in pairs for arg in ("--set", pair)]
+
+
+def prep_worker(*, output: str, worker_index: int, num_workers: int, languages: str,
+                dataprep_config: Mapping[str, Any] | None = None, processes: int = 1) -> str:
+    """One worker's share of the per-input stage (parse → … → MinHash signatures), written under
+    `output`; finished inputs are skipped on a retry. The inputs are the list the fetch step
+    recorded in <output>/wet/inputs.json (every worker must pass the same list)."""
+    if not 0 <= worker_index < num_workers:
+        raise StepError(f"worker_index {worker_index} is not in [0, {num_workers})")
+    inputs = read_inputs(output)
+    call([cli("lmforge-dataprep"), "run", "--input", *inputs, "--output", output, "--worker-index", str(worker_index),
+          "--num-workers", str(num_workers), "--workers", str(max(1, processes)),
+          *dataprep_overrides(languages, dataprep_config)], what=f"data-prep worker {worker_index}")
+    return f"worker {worker_index}/{num_workers} done"
+
+
+def finalize(*, output: str, processes: int = 1) -> dict[str, Any]:
+    """The global stages (near-dup clustering, tokenizer, tokenize, shards, report) over the
+    workers' output. Returns {"report_html", "manifest", "report"} read back from `output`."""
+    from lmforge.common.storage import open_store
+
+    call([cli("lmforge-dataprep"), "finalize", "--output", output, "--workers", str(max(1, processes))],
+         what="data-prep finalize")
+    store = open_store(output)
+    return {"report_html": store.read_text("report.html"), "manifest": json.loads(store.read_text("manifest.json")),
+            "report": json.loads(store.read_text("report.json"))}
+
+
+# ----------------------------------------------------------------------------- train pipeline
+
+def run_name(name: str, job_id: str) -> str:
+    """The run name: the one given, else run-<pipeline job id>; letters, digits, dashes."""
+    raw = name.strip() or f"run-{job_id}"
+    clean = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")[:40].rstrip("-")
+    if not clean:
+        raise StepError(f"run name {name!r}: use letters, digits and dashes")
+    return clean
+
+
+def trainer_overrides(*, data: str, model_preset: str, steps: int, parallel_mode: str,
+                      train_config: Mapping[str, Any] | None = None) -> list[str]:
+    """The trainer's key=value overrides for a run; `train_config` (nested or dotted keys, any
+    TrainConfig field) comes last and wins."""
+    if steps < 1:
+        raise StepError(f"steps must be at least 1, got {steps}")
+    owned = {"run_dir", "data.cache_dir", "metrics.port", "device", "checkpoint.purge_requires_upload"}
+    extra = flatten(train_config)
+    clash = sorted(p.split("=", 1)[0] for p in extra if p.split("=", 1)[0] in owned)
+    if clash:
+        raise StepError(f"train_config sets {clash}: the launcher sets these")
+    return [f"model.preset={model_preset}", f"steps={steps}", f"parallel.mode={parallel_mode}",
+            f"data.sources={json.dumps([{'path': data}])}", *extra]
+
+
+def train(*, run: str, data: str, model_preset: str, steps: int, nodes: int, gpus_per_node: int,
+          parallel_mode: str, train_config: Mapping[str, Any] | None, launcher: str, checkpoint_store: str,
+          timeout_hours: float, pod: Mapping[str, Any] | None = None) -> TrainingResult:
+    """Launch the run (PyTorchJob or local torchrun), wait for it, return where its final
+    checkpoint is. gpus_per_node=0 trains on CPU with one process per node."""
+    if nodes < 1 or gpus_per_node < 0:
+        raise StepError(f"nodes must be ≥ 1 and gpus_per_node ≥ 0 (got {nodes} × {gpus_per_node})")
+    if timeout_hours <= 0:
+        raise StepError(f"timeout_hours must be positive, got {timeout_hours}")
+    if parallel_mode == "none" and nodes * max(gpus_per_node, 1) > 1:
+        raise StepError(f"parallel_mode none trains one process; {nodes} × {gpus_per_node} needs ddp, fsdp or hsdp")
+    job = TrainingJob(run=run, checkpoint_store=checkpoint_store, nodes=nodes,
+                      nproc_per_node=max(gpus_per_node, 1), gpus_per_process=1 if gpus_per_node else 0,
+                      overrides=trainer_overrides(data=data, model_preset=model_preset, steps=steps,
+                                                  parallel_mode=parallel_mode, train_config=train_config))
+    kwargs = {"pod": PodSettings.from_dict(_integral(dict(pod or {})))} if launcher == "pytorchjob" else {}
+    return make_launcher(launcher, **kwargs).run(job, timeout_s=timeout_hours * 3600)
+
+
+def export_model(*, run_uri: str, step: int, models_store: str, version: str) -> str:
+    """The checkpoint of `step` → the serving package at <models_store>/<version>; returns its URI.
+    A run in the object store is restored first (`lmforge-uploader restore`, verified against its
+    MANIFEST.json); the package's config.json is published last."""
+    from lmforge.common.checkpoint_layout import step_dir
+
+    work = Path(tempfile.mkdtemp(prefix="lmforge-export-"))
+    try:
+        if _store_is_local(run_uri):
+            checkpoint = step_dir(_local(run_uri) / "checkpoints", step)
+        else:
+            call([cli("lmforge-uploader"), "restore", "--src", run_uri, "--dir", str(work / "checkpoints"),
+                  "--step", str(step)], what="checkpoint restore")
+            checkpoint = step_dir(work / "checkpoints", step)
+        dest = f"{models_store.rstrip('/')}/{version}"
+        target = _local(dest) if _store_is_local(dest) else work / "package"
+        call([cli("lmforge-train"), "export", "--checkpoint", str(checkpoint), "--output", str(target)],
+             what="export")
+        if not _store_is_local(dest):
+            _publish_dir(target, dest, last="config.json")
+        return str(target) if _store_is_local(dest) else dest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _local_split(data: str, split: str, cache: Path) -> Path:
+    """A local directory holding `data`'s manifest.json and its `split` shards (downloaded from
+    s3:// into `cache`; nothing else is fetched)."""
+    from lmforge.common.storage import S3Store
+
+    if _store_is_local(data):
+        return _local(data)
+    store = S3Store(data, cache)
+    manifest = json.loads(store.local_path("manifest.json").read_text())
+    for entry in manifest["shards"]:
+        if entry["split"] == split:
+            store.local_path(entry["path"])
+    return cache
+
+
+def evaluate(*, model_uri: str, data: str, max_sequences: int = 256, batch_size: int = 8,
+             seq_len: int = 0) -> dict[str, float]:
+    """Held-out evaluation of the exported package: mean next-token cross-entropy over the first
+    `max_sequences` windows of seq_len + 1 tokens of the data's val shards (the same windows every
+    time, so runs compare). seq_len 0 = the model's context length."""
+    import numpy as np
+    import torch
+
+    from lmforge.common.model_package import fetch_package, load_package
+    from lmforge.trainer.data import ShardSource
+
+    work = Path(tempfile.mkdtemp(prefix="lmforge-eval-"))
+    try:
+        model, meta = load_package(fetch_package(model_uri, work / "model"))
+        length = min(seq_len or model.config.context_length, model.config.context_length)
+        source = ShardSource(_local_split(data, "val", work / "data"), "val", length)
+        if source.tokenizer_sha256 != meta["tokenizer_sha256"]:
+            raise StepError(f"{data} was tokenized with another tokenizer than the model {model_uri} was trained with")
+        count = min(max_sequences, source.num_sequences)
+        total, tokens = 0.0, 0
+        with torch.no_grad():
+            for start in range(0, count, batch_size):
+                rows = [source.sequence(i) for i in range(start, min(start + batch_size, count))]
+                batch = torch.from_numpy(np.stack(rows))
+                _, loss = model(batch[:, :-1], batch[:, 1:])
+                n = batch.shape[0] * length
+                total += float(loss) * n
+                tokens += n
+        val_loss = total / tokens
+        if not math.isfinite(val_loss):
+            raise StepError(f"val loss of {model_uri} is not finite ({val_loss})")
+        return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)), "val_tokens": float(tokens),
+                "val_sequences": float(count), "step": float(meta.get("step", -1))}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def rollout(*, model_uri: str, namespace: str, deployment: str, launcher: str, val_loss: float,
+            max_val_loss: float = 0.0, timeout_s: float = 1800.0) -> str:
+    """Point the inference Deployment at the new package and wait for the rollout. Refuses a
+    model whose val loss exceeds max_val_loss (0: no gate). With the local launcher there is no
+    Deployment: the step says so and does nothing."""
+    if max_val_loss > 0 and val_loss > max_val_loss:
+        raise StepError(f"val loss {val_loss:.4f} > max_val_loss {max_val_loss}: not rolling out {model_uri}")
+    if launcher == "local":
+        message = f"local run: no inference Deployment to roll; serve it with `lmforge-serve --model {model_uri}`"
+        print(message, flush=True)
+        return message
+    from lmforge_pipelines.rollout import apps_api, roll_deployment
+
+    roll_deployment(apps_api(), namespace, deployment, model_uri, timeout_s=timeout_s)
+    return f"{namespace}/{deployment} serves {model_uri}"
+
+
+def install_sigterm_handler() -> None:
+    """Turn SIGTERM (a stopped pipeline run) into SystemExit, so a launcher can clean up."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+

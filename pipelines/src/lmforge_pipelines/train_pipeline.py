@@ -1,0 +1,103 @@
+"""The train pipeline: launch the training run and wait → export the model package → evaluate
+it on the held-out val shards → optionally roll the inference Deployment to it.
+
+    train (PyTorchJob | local torchrun) ─► export ─► evaluate ─► [rollout == True] rollout
+                                            model (Model)  metrics (Metrics)
+
+launcher "pytorchjob" creates a kubeflow.org/v1 PyTorchJob shaped like the chart's (Master +
+nodes-1 Workers, the restore init container and the checkpoint uploader sidecar), so the pipeline
+step needs the chart's pipeline-runner identity; checkpoints go to <checkpoint_store>/<run>/.
+launcher "local" (kfp.local, tests) runs torchrun here with nodes × gpus_per_node processes and
+keeps the checkpoints in the local directory <checkpoint_store>/<run>/.
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import Metrics, Model
+
+from lmforge_pipelines.components import evaluate_model, export_model, rollout_model, train_model
+from lmforge_pipelines.images import TRAINER_IMAGE
+
+STEP_CPU, STEP_MEMORY = "1", "4Gi"
+EXPORT_MEMORY = "16Gi"
+
+
+class TrainOutputs(NamedTuple):
+    model: Model  # where the package is (metadata uri, run, step)
+    metrics: Metrics  # the held-out evaluation
+    model_uri: str
+    val_loss: float
+
+
+@dsl.pipeline(
+    name="lmforge-train",
+    description="Pretrain a GPT on prepared data (PyTorchJob), export, evaluate, optionally deploy.",
+)
+def train_pipeline(
+    data: str = "s3://lmforge/datasets/sample",
+    model_preset: str = "tiny",
+    steps: int = 1000,
+    nodes: int = 1,
+    gpus_per_node: int = 1,
+    parallel_mode: str = "fsdp",
+    train_config: dict = {},  # noqa: B006 - KFP reads the default from the signature
+    run_name: str = "",
+    launcher: str = "pytorchjob",
+    namespace: str = "lmforge",
+    image: str = TRAINER_IMAGE,
+    checkpoint_store: str = "s3://lmforge/runs",
+    models_store: str = "s3://lmforge/models",
+    kubernetes: dict = {},  # noqa: B006
+    timeout_hours: float = 72.0,
+    eval_sequences: int = 512,
+    rollout: bool = False,
+    deployment: str = "lmforge-inference",
+    max_val_loss: float = 0.0,
+    rollout_timeout_minutes: float = 30.0,
+) -> TrainOutputs:
+    """Train, export, evaluate and (optionally) deploy a model.
+
+    Args:
+        data: Prepared data location (the data pipeline's output), s3://… or a local directory.
+        model_preset: Model size preset: tiny, 124m, 350m, 760m or 1.3b.
+        steps: Optimizer steps.
+        nodes: Pods (nodes) of the PyTorchJob: a Master and nodes-1 Workers.
+        gpus_per_node: GPUs per node, one training process each; 0 trains on CPU (one process per node).
+        parallel_mode: Data parallelism: fsdp, hsdp, ddp, or none (a single process).
+        train_config: More trainer config as nested keys, e.g. {"data": {"seq_len": 1024}, "optim": {"lr": 6e-4}}.
+        run_name: Run name (checkpoints under checkpoint_store/run, the model version); "" = run-<pipeline run id>.
+        launcher: pytorchjob (Kubeflow Training Operator v1) or local (torchrun where the step runs).
+        namespace: Namespace of the PyTorchJob and of the inference Deployment.
+        image: Trainer image of the PyTorchJob pods.
+        checkpoint_store: Object-store prefix of runs (the uploader sidecar's destination).
+        models_store: Where exported model packages go (<models_store>/<run>-step<N>).
+        kubernetes: More pod settings (launcher.PodSettings), e.g. {"checkpoint_pvc": "ckpt", "s3_endpoint_url": "…"}.
+        timeout_hours: The training run fails (and its PyTorchJob is deleted) after this long.
+        eval_sequences: Held-out val sequences the evaluation averages over.
+        rollout: Roll the inference Deployment to the new model.
+        deployment: The inference Deployment's name (the chart's <release>-inference).
+        max_val_loss: Refuse to roll out a model whose val loss is above this (0: no gate).
+        rollout_timeout_minutes: How long the rollout may take.
+    """
+    train = train_model(run_name=run_name, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, data=data,
+                        model_preset=model_preset, steps=steps, nodes=nodes, gpus_per_node=gpus_per_node,
+                        parallel_mode=parallel_mode, train_config=train_config, launcher=launcher,
+                        checkpoint_store=checkpoint_store, namespace=namespace, image=image, kubernetes=kubernetes,
+                        timeout_hours=timeout_hours)
+    train.set_display_name("train").set_caching_options(False)
+    export = export_model(run=train.outputs["run"], run_uri=train.outputs["run_uri"], step=train.outputs["step"],
+                          models_store=models_store)
+    export.set_display_name("export model package").set_caching_options(False)
+    export.set_cpu_request(STEP_CPU).set_memory_request(EXPORT_MEMORY)
+    evaluation = evaluate_model(model_uri=export.outputs["Output"], data=data, max_sequences=eval_sequences,
+                                seq_len=0)
+    evaluation.set_display_name("evaluate").set_caching_options(False)
+    evaluation.set_cpu_request(STEP_CPU).set_memory_request(EXPORT_MEMORY)
+    with dsl.If(rollout == True, "rollout"):  # noqa: E712 - a pipeline condition, not a Python comparison
+        roll = rollout_model(model_uri=export.outputs["Output"], val_loss=evaluation.outputs["Output"],
+                             max_val_loss=max_val_loss, launcher=launcher, namespace=namespace,
+                             deployment=deployment, timeout_minutes=rollout_timeout_minutes)
+        roll.set_display_name("roll out inference").set_caching_options(False)
+    return TrainOutputs(export.outputs["model"], evaluation.outputs["metrics"], export.outputs["Output"],
+                        evaluation.outputs["Output"])

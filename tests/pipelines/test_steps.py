@@ -1,0 +1,107 @@
+"""The steps' parameter plumbing: UI values → the services' CLI arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmforge.common.config import cli_overrides
+from lmforge.dataprep.config import load_dataprep_config
+from lmforge.trainer.config import load_train_config
+from lmforge_pipelines import steps
+
+
+def test_flatten_nested_and_dotted_keys_with_kfp_struct_numbers():
+    # KFP hands dict parameters over as protobuf Structs: every number is a double.
+    config = {"tokenizer": {"vocab_size": 512.0}, "shards.val_fraction": 0.1, "model": {"overrides": {}},
+              "optim": {"betas": [0.9, 0.95]}, "langid": {"enabled": False}, "tracking": {"run_name": "a b"}}
+    pairs = steps.flatten(config)
+    assert pairs == ["tokenizer.vocab_size=512", "shards.val_fraction=0.1", "model.overrides={}",
+                     "optim.betas=[0.9, 0.95]", "langid.enabled=false", 'tracking.run_name="a b"']
+    assert cli_overrides(pairs)["tokenizer"]["vocab_size"] == 512
+
+
+def test_languages():
+    assert steps.parse_languages(" en, DE ,") == ["en", "de"]
+    assert steps.parse_languages(["fr"]) == ["fr"]
+    for bad in ("", "english", "en;de"):
+        with pytest.raises(steps.StepError, match="languages"):
+            steps.parse_languages(bad)
+
+
+def test_dataprep_overrides_load_as_the_services_config():
+    args = steps.dataprep_overrides("en,de", {"tokenizer": {"vocab_size": 4096.0}})
+    assert args[0::2] == ["--set"] * (len(args) // 2)
+    config = load_dataprep_config(None, args[1::2])
+    assert config.langid.languages == ["en", "de"] and config.tokenizer.vocab_size == 4096
+
+
+def test_trainer_overrides_load_as_the_trainers_config():
+    pairs = steps.trainer_overrides(data="s3://lmforge/datasets/x", model_preset="124m", steps=50, parallel_mode="fsdp",
+                                    train_config={"data": {"seq_len": 128.0}, "model": {"overrides": {"n_layer": 2}}})
+    config = load_train_config(None, pairs)
+    assert config.model.preset == "124m" and config.steps == 50 and config.parallel.mode == "fsdp"
+    assert config.data.sources[0].path == "s3://lmforge/datasets/x" and config.data.seq_len == 128
+    assert config.model.overrides == {"n_layer": 2}
+    with pytest.raises(steps.StepError, match="the launcher sets these"):
+        steps.trainer_overrides(data="d", model_preset="tiny", steps=1, parallel_mode="none",
+                                train_config={"run_dir": "/x", "metrics": {"port": 1}})
+
+
+def test_train_parameters_are_checked_before_anything_starts(tmp_path):
+    common = {"run": "r", "data": "d", "model_preset": "tiny", "steps": 1, "train_config": {}, "launcher": "local",
+              "checkpoint_store": str(tmp_path), "timeout_hours": 1.0}
+    with pytest.raises(steps.StepError, match="needs ddp, fsdp or hsdp"):
+        steps.train(**common, nodes=1, gpus_per_node=2, parallel_mode="none")
+    with pytest.raises(steps.StepError, match="nodes must be"):
+        steps.train(**common, nodes=0, gpus_per_node=1, parallel_mode="fsdp")
+    with pytest.raises(ValueError, match="launcher 'slurm'"):
+        steps.train(**{**common, "launcher": "slurm"}, nodes=1, gpus_per_node=1, parallel_mode="none")
+    assert not any(tmp_path.iterdir())
+
+
+def test_run_name_and_workers():
+    assert steps.run_name("", "0f3c-11ee") == "run-0f3c-11ee"
+    assert steps.run_name("My Run_2", "x") == "my-run-2"
+    assert steps.plan_workers(3) == [0, 1, 2]
+    with pytest.raises(steps.StepError):
+        steps.plan_workers(0)
+
+
+def test_fetch_sample_records_the_inputs_and_is_idempotent(tmp_path):
+    out = tmp_path / "data"
+    uris = steps.fetch_inputs(crawl="sample", shards=2, output=str(out), docs_per_shard=20)
+    assert uris == [str(out / "wet" / f"sample-{i:05d}.warc.wet.gz") for i in range(2)]
+    assert json.loads((out / "wet" / "inputs.json").read_text()) == uris == steps.read_inputs(str(out))
+    mtime = (out / "wet" / "sample-00000.warc.wet.gz").stat().st_mtime_ns
+    assert steps.fetch_inputs(crawl="sample", shards=2, output=str(out), docs_per_shard=20) == uris
+    assert (out / "wet" / "sample-00000.warc.wet.gz").stat().st_mtime_ns == mtime, "a retry keeps finished files"
+    with pytest.raises(steps.StepError, match="inputs.json not found"):
+        steps.read_inputs(str(tmp_path / "elsewhere"))
+
+
+def test_kubernetes_settings_from_the_ui_keep_integer_fields_integers():
+    from lmforge_pipelines.launcher import TrainingJob, pytorchjob_manifest
+    from tests.helm_chart import crd_errors
+
+    pod = steps._integral({"uploader_grace_seconds": 120.0, "backoff_limit": 5.0, "namespace": "ml"})
+    job = TrainingJob(run="r", overrides=[], checkpoint_store="s3://b/runs")
+    body = pytorchjob_manifest(job, steps.PodSettings.from_dict(pod))
+    assert body["spec"]["runPolicy"]["backoffLimit"] == 5 and crd_errors(body) == []
+    assert body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["terminationGracePeriodSeconds"] == 150
+
+
+def test_fetch_sample_into_the_object_store(s3, monkeypatch):
+    _, make_bucket = s3
+    client = make_bucket("pipelines-fetch")
+    output = "s3://pipelines-fetch/datasets/x"
+    uris = steps.fetch_inputs(crawl="sample", shards=2, output=output, docs_per_shard=20)
+    assert uris == [f"s3://pipelines-fetch/datasets/x/wet/sample-{i:05d}.warc.wet.gz" for i in range(2)]
+    assert steps.read_inputs("s3://pipelines-fetch/datasets/x") == uris
+    listed = {o["Key"] for o in client.list_objects_v2(Bucket="pipelines-fetch")["Contents"]}
+    assert listed == {"datasets/x/wet/inputs.json", *(u.removeprefix("s3://pipelines-fetch/") for u in uris)}
+    calls = []
+    monkeypatch.setattr(steps, "call", lambda command, what: calls.append(command))
+    assert steps.fetch_inputs(crawl="sample", shards=2, output=output, docs_per_shard=20) == uris
+    assert calls == [], "a retry does not generate what the store already has"
