@@ -9,8 +9,13 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SETUP_STAMP := $(VENV)/.lmforge-setup
 SERVICES := services/common services/dataprep services/trainer services/uploader services/inference services/canary
+# Installed editable with the services: the Kubeflow pipelines (kfp v2 SDK, pinned in its pyproject).
+PACKAGES := $(SERVICES) pipelines
+PIPELINES_DIR ?= build/pipelines
 APT_PACKAGES := prometheus-pushgateway prometheus
 BENCH_APT_PACKAGES := libmagic1 util-linux
+# Container images (docker/): the engine, the base image the tests build, the image tests.
+IMAGE_APT_PACKAGES := podman runc debootstrap
 DEMO_DIR ?= demo-output
 
 # Install the Debian packages named in $(1) that are missing (root, or sudo).
@@ -24,16 +29,40 @@ endef
 DEMO_DOCS ?= 3000
 DEMO_STEPS ?= 60
 
-.PHONY: setup demo test test-fast lint bench-dataprep bench-train-memory bench-train-throughput \
+# -- Images (docker/README.md) --------------------------------------------------------------------
+IMAGE_SERVICES := dataprep trainer uploader inference canary
+IMAGE_PREFIX ?= lmforge
+# The tag: the chart's appVersion, which the chart pulls by default.
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' helm/lmforge/Chart.yaml)
+CONTAINER_ENGINE ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || { command -v docker >/dev/null 2>&1 && echo docker; })
+# "" = each Dockerfile's default (python:3.11-slim-bookworm; a CUDA PyTorch image for trainer
+# and inference). `make base-image` builds LOCAL_BASE_IMAGE for machines without a registry.
+BASE_IMAGE ?=
+LOCAL_BASE_IMAGE ?= localhost/lmforge-base:bookworm
+# auto | base | wheelhouse: where trainer and inference get torch (docker/venv.sh).
+TORCH_SOURCE ?=
+# podman on this kind of machine: the host's hard nofile limit is below podman's default, so
+# set ulimits; runc rather than whatever OCI runtime podman would pick. Docker gets none of it.
+PODMAN_FLAGS ?= $(if $(wildcard /usr/sbin/runc),--runtime /usr/sbin/runc) --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
+is_podman = $(filter podman,$(notdir $(CONTAINER_ENGINE)))
+# Builds need no network (every install is --no-index from the build context).
+CONTAINER_BUILD_FLAGS ?= --network none $(if $(is_podman),$(PODMAN_FLAGS))
+CONTAINER_RUN_FLAGS ?= $(if $(is_podman),$(PODMAN_FLAGS))
+# The services whose images `make test` builds and runs (`make test-images`: all).
+IMAGE_TEST_SERVICES ?= uploader inference
+image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" \
+	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
+
+.PHONY: setup demo test test-fast lint pipelines bench-dataprep bench-train-memory bench-train-throughput \
 	bench-checkpoint bench-upload bench-serve clean
 
 setup: $(SETUP_STAMP)
 
-$(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(SERVICES),$(s)/pyproject.toml)
+$(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pyproject.toml)
 	$(call apt_install,$(APT_PACKAGES))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(SERVICES),-e $(s)) -e 'services/trainer[tracking]'
+	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(PACKAGES),-e $(s)) -e 'services/trainer[tracking]'
 	touch $(SETUP_STAMP)
 
 demo: setup
@@ -50,14 +79,23 @@ demo: setup
 	@echo "Data-prep report: $(DEMO_DIR)/dataprep/report.html (numbers: report.json, shards: manifest.json)"
 	@echo "Training metrics: $(DEMO_DIR)/train/metrics.jsonl; model package: $(DEMO_DIR)/model"
 
-test: setup
-	$(PY) -m pytest -q
+test: setup image-tools
+	$(image_env) IMAGE_TEST_SERVICES="$(IMAGE_TEST_SERVICES)" $(PY) -m pytest -q
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
+# The image tests alone, for every service image (builds them on the local base image).
+test-images: setup image-tools
+	$(image_env) IMAGE_TEST_SERVICES="$(IMAGE_SERVICES)" IMAGE_TEST_TORCH_BASE=1 $(PY) -m pytest -q -m images tests/images
+
 lint: setup
-	$(VENV)/bin/ruff check services tests bench
+	$(VENV)/bin/ruff check services tests bench pipelines docker
+
+# The data and train pipelines as KFP IR YAML, for upload in the Kubeflow Pipelines UI (the step
+# images are lmforge/<service>:<tag>; set LMFORGE_IMAGE_REGISTRY / LMFORGE_IMAGE_TAG to change them).
+pipelines: setup
+	$(PY) -m lmforge_pipelines.compile --output $(PIPELINES_DIR)
 
 bench-dataprep: setup
 	$(call apt_install,$(BENCH_APT_PACKAGES))
@@ -78,5 +116,30 @@ bench-upload: setup
 bench-serve: setup
 	$(PY) bench/serve/serve_bench.py
 
+# -- Images ---------------------------------------------------------------------------------------
+.PHONY: test-images image-tools base-image images image-locks $(addprefix image-,$(IMAGE_SERVICES))
+
+image-tools:
+	$(call apt_install,$(IMAGE_APT_PACKAGES))
+
+# Debian bookworm + python3 from debootstrap, imported as $(LOCAL_BASE_IMAGE) (once).
+base-image: image-tools
+	CONTAINER_ENGINE="$(CONTAINER_ENGINE)" docker/make-base-image.sh $(LOCAL_BASE_IMAGE)
+
+# Every service image, tagged $(IMAGE_PREFIX)/SERVICE:$(VERSION). Without a registry:
+#   make base-image images BASE_IMAGE=localhost/lmforge-base:bookworm
+images: $(addprefix image-,$(IMAGE_SERVICES))
+
+$(addprefix image-,$(IMAGE_SERVICES)): image-%: setup
+	@test -n "$(CONTAINER_ENGINE)" || { echo "no podman or docker: install one (make image-tools installs podman)" >&2; exit 1; }
+	CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" BASE_IMAGE="$(BASE_IMAGE)" \
+	  TORCH_SOURCE="$(TORCH_SOURCE)" VERSION="$(VERSION)" PYTHON=$(PY) \
+	  docker/build.sh $* $(IMAGE_PREFIX)/$*:$(VERSION)
+
+# Re-resolve docker/locks/*.lock (the exact third-party versions of each image) from the
+# services' pyproject.toml with this machine's pip configuration.
+image-locks: setup
+	$(PY) docker/wheelhouse.py lock
+
 clean:
-	rm -rf $(DEMO_DIR) bench/out .pytest_cache
+	rm -rf $(DEMO_DIR) bench/out .pytest_cache build/images $(PIPELINES_DIR)

@@ -43,6 +43,8 @@ def write_package(model: GPT, tokenizer: str | Path, output: str | Path, *, step
         meta = {"format_version": FORMAT_VERSION, "model": model.config.model_dump(),
                 "tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(), "step": step}
         (staging / CONFIG).write_text(json.dumps(meta, indent=1))
+        for path in (staging, *staging.iterdir()):  # mkdtemp makes 0700: servers run as another user
+            path.chmod(0o755 if path.is_dir() else 0o644)
         if output.exists():
             shutil.rmtree(output)
         os.replace(staging, output)

@@ -1,0 +1,45 @@
+# lmforge/inference: the OpenAI-compatible inference server.
+# Installs only lmforge-common[model], lmforge-inference (no warcio, no datasketch),
+# at the versions of docker/locks/inference.lock.
+#
+# Build context: build/images/inference, made by `make image-inference` (docker/wheelhouse.py):
+# the wheels and the lock, nothing else of the repository (no credentials, no models).
+#   make image-inference [BASE_IMAGE=...]
+# BASE_IMAGE: a CUDA PyTorch image with Python 3.11 and torch 2.13.0 (the default), whose torch
+# the image uses (TORCH_SOURCE=auto finds it; see docker/venv.sh), or any Python 3.11 image
+# without torch, on which torch comes from the wheelhouse (`make test-images` uses a local
+# Debian base and the CPU wheel). The CUDA tag below is an example: pick the one matching
+# your driver.
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
+
+# Stage 1: the third-party distributions of the lock, in /opt/venv.
+FROM ${BASE_IMAGE} AS deps
+ARG PYTHON_VERSION=3.11
+ARG TORCH_SOURCE=auto
+COPY venv.sh /build/venv.sh
+COPY deps/ /build/deps/
+RUN sh /build/venv.sh deps
+
+# Stage 2: the lmforge distributions, in /opt/app (copied over /opt/venv below), so that a
+# source change rebuilds one small layer, not the venv.
+FROM deps AS app
+COPY own/ /build/own/
+RUN sh /build/venv.sh app
+
+# Final stage: the base, a non-root user, the venv. No build files, no pip cache.
+FROM ${BASE_IMAGE}
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="lmforge-inference" \
+      org.opencontainers.image.description="lmforge: the OpenAI-compatible inference server" \
+      org.opencontainers.image.version="${VERSION}"
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/lmforge --shell /usr/sbin/nologin lmforge \
+    && mkdir -p /app
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=app /opt/app/ /opt/venv/
+WORKDIR /app
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["lmforge-serve"]

