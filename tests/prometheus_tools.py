@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.ports import free_port
+from tests.processes import stop, wait_http_ok
 
 PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
 
@@ -26,24 +26,11 @@ def _binary(default: str, name: str) -> str:
 
 
 def _wait_ready(url: str, process: subprocess.Popen, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode} before it was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"{what} at {url} not ready within {timeout}s")
+    wait_http_ok(f"{url}/-/ready", process, what, timeout, interval=0.05)
 
 
 def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop(process, timeout=10)
 
 
 @contextlib.contextmanager

@@ -12,16 +12,15 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import torch
 
 from lmforge.common.model import GPT, GPTConfig
 from lmforge.common.model_package import load_package, write_package
 from tests.ports import free_port
+from tests.processes import stop, wait_http_ok
 
 EOT = "<|endoftext|>"
 SENTENCES = [
@@ -106,26 +105,13 @@ def running_server(package: Path | str, *settings: str, env: dict[str, str] | No
         wait_ready(url, process, timeout)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         if log_path:
             log.close()
 
 
 def wait_ready(url: str, process: subprocess.Popen | None = None, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"lmforge-serve exited with {process.returncode} before it was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready within {timeout}s")
+    wait_http_ok(f"{url}/readyz", process, "lmforge-serve", timeout)
 
 
 @contextlib.contextmanager

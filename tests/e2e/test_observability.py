@@ -25,6 +25,7 @@ from tests.canary.helpers import run_canary, write_eval_set
 from tests.helm_chart import find, render
 from tests.observability.dashboards import dashboard_queries, load_dashboards
 from tests.ports import free_port
+from tests.processes import stop
 from tests.prometheus_tools import alerts, query, running_prometheus, running_pushgateway, static_job, targets_up
 from tests.serving import perturbed_package, running_server, train_tiny_package
 from tests.trainer.helpers import random_output
@@ -62,12 +63,7 @@ def background(command: list[str], log: Path, env: dict[str, str] | None = None)
         try:
             yield process
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process, timeout=30)
 
 
 class Inference:
