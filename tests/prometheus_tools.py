@@ -25,12 +25,20 @@ def _binary(default: str, name: str) -> str:
     return found
 
 
-def _wait_ready(url: str, process: subprocess.Popen, what: str, timeout: float) -> None:
-    wait_http_ok(f"{url}/-/ready", process, what, timeout, interval=0.05)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    stop(process, timeout=10)
+@contextlib.contextmanager
+def _running(command: list[str], port: int, what: str, log_path: Path | None, timeout: float) -> Iterator[str]:
+    """Start `command` (a Prometheus-family server listening on `port`), wait until its
+    /-/ready answers, yield its URL, stop it."""
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(f"{url}/-/ready", process, what, timeout, interval=0.05)
+        yield url
+    finally:
+        stop(process, timeout=10)
+        if log_path:
+            log.close()
 
 
 @contextlib.contextmanager
@@ -40,16 +48,8 @@ def running_pushgateway(log_path: Path | None = None, timeout: float = 30) -> It
     port = free_port()
     command = [_binary(PUSHGATEWAY, "prometheus-pushgateway"), f"--web.listen-address=127.0.0.1:{port}",
                "--persistence.file=", "--log.level=warn"]
-    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, process, "prometheus-pushgateway", timeout)
+    with _running(command, port, "prometheus-pushgateway", log_path, timeout) as url:
         yield url
-    finally:
-        _stop(process)
-        if log_path:
-            log.close()
 
 
 def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
@@ -99,14 +99,8 @@ def running_prometheus(workdir: Path, scrape_configs: list[dict], rule_files: li
     command = [_binary(PROMETHEUS, "prometheus"), f"--config.file={config_path}",
                f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
                "--log.level=warn"]
-    with open(workdir / "prometheus.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_ready(url, process, "prometheus", timeout)
-            yield url
-        finally:
-            _stop(process)
+    with _running(command, port, "prometheus", workdir / "prometheus.log", timeout) as url:
+        yield url
 
 
 def static_job(name: str, url: str, honor_labels: bool = False, path: str = "/metrics") -> dict:

@@ -27,3 +27,13 @@ class StorageError(LmforgeError):
 
 class ShardFormatError(InputError):
     """A token shard whose header, size or checksum is wrong."""
+
+
+def report_failure(log, program: str, exc: LmforgeError, **context) -> int:
+    """What every CLI does with an LmforgeError: a `failed` log line, one line on stderr,
+    and the error's exit code to return."""
+    import sys
+
+    log.error("failed", **context, error=str(exc), kind=type(exc).__name__)
+    sys.stderr.write(f"{program}: error: {exc}\n")
+    return exc.exit_code

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from lmforge.common.errors import ConfigError, LmforgeError
+from lmforge.common.errors import ConfigError, LmforgeError, report_failure
 from lmforge.common.logging import get_logger
 from lmforge.dataprep import runner
 from lmforge.dataprep.config import load_dataprep_config
@@ -205,9 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LmforgeError as exc:
-        log.error("failed", command=args.command, error=str(exc), kind=type(exc).__name__)
-        sys.stderr.write(f"lmforge-dataprep {args.command}: error: {exc}\n")
-        return exc.exit_code
+        return report_failure(log, f"lmforge-dataprep {args.command}", exc, command=args.command)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted; rerun the same command to resume\n")
         return 130

@@ -6,7 +6,7 @@ import argparse
 import sys
 import threading
 
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import LmforgeError, report_failure
 from lmforge.common.logging import get_logger
 from lmforge.common.metrics import serve_metrics
 from lmforge.inference.config import load_serve_config
@@ -61,9 +61,7 @@ def main(argv=None) -> int:
             return error.exit_code if isinstance(error, LmforgeError) else 1
         return 0
     except LmforgeError as exc:
-        log.error("failed", error=str(exc), kind=type(exc).__name__)
-        sys.stderr.write(f"lmforge-serve: error: {exc}\n")
-        return exc.exit_code
+        return report_failure(log, "lmforge-serve", exc)
 
 
 if __name__ == "__main__":

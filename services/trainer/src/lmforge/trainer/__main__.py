@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import LmforgeError, report_failure
 from lmforge.common.logging import get_logger
 from lmforge.trainer.config import load_train_config
 from lmforge.trainer.train import train
@@ -17,9 +17,7 @@ def main(argv=None) -> int:
     try:
         train(load_train_config(args.config, args.overrides))
     except LmforgeError as exc:
-        get_logger("trainer").error("failed", error=str(exc), kind=type(exc).__name__)
-        sys.stderr.write(f"lmforge trainer: error: {exc}\n")
-        return exc.exit_code
+        return report_failure(get_logger("trainer"), "lmforge trainer", exc)
     return 0
 
 

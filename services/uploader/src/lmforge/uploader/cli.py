@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import LmforgeError, report_failure
 from lmforge.common.logging import get_logger
 from lmforge.uploader.config import load_uploader_config
 from lmforge.uploader.metrics import UploaderMetrics
@@ -70,9 +70,7 @@ def main(argv=None) -> int:
         log.info("exited", reason="stopped" if uploader.stopping.is_set() else "done")
         return 0
     except LmforgeError as exc:
-        log.error("failed", error=str(exc), kind=type(exc).__name__)
-        sys.stderr.write(f"lmforge-uploader {args.command}: error: {exc}\n")
-        return exc.exit_code
+        return report_failure(log, f"lmforge-uploader {args.command}", exc)
 
 
 if __name__ == "__main__":
