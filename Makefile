@@ -48,8 +48,6 @@ is_podman = $(filter podman,$(notdir $(CONTAINER_ENGINE)))
 # Builds need no network (every install is --no-index from the build context).
 CONTAINER_BUILD_FLAGS ?= --network none $(if $(is_podman),$(PODMAN_FLAGS))
 CONTAINER_RUN_FLAGS ?= $(if $(is_podman),$(PODMAN_FLAGS))
-# The services whose images `make test` builds and runs (`make test-images`: all).
-IMAGE_TEST_SERVICES ?= uploader inference
 image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" \
 	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
 
@@ -80,14 +78,14 @@ demo: setup
 	@echo "Training metrics: $(DEMO_DIR)/train/metrics.jsonl; model package: $(DEMO_DIR)/model"
 
 test: setup image-tools
-	$(image_env) IMAGE_TEST_SERVICES="$(IMAGE_TEST_SERVICES)" $(PY) -m pytest -q
+	$(image_env) $(PY) -m pytest -q
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
-# The image tests alone, for every service image (builds them on the local base image).
+# The image tests alone (every service image, built on the local base image; `make test` runs them too).
 test-images: setup image-tools
-	$(image_env) IMAGE_TEST_SERVICES="$(IMAGE_SERVICES)" IMAGE_TEST_TORCH_BASE=1 $(PY) -m pytest -q -m images tests/images
+	$(image_env) $(PY) -m pytest -q -m images tests/images
 
 lint: setup
 	$(VENV)/bin/ruff check services tests bench pipelines docker

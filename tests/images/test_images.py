@@ -5,9 +5,9 @@ image from docker/build.sh, exactly as `make image-SERVICE` builds it, on that b
 comes from the wheelhouse (the CPU wheel). Builds are cached by the engine, so after the
 first run only a changed service layer is rebuilt.
 
-Which images: $IMAGE_TEST_SERVICES (`make test`: uploader and inference; `make test-images`:
-all five). Engine and flags: $CONTAINER_ENGINE, $CONTAINER_BUILD_FLAGS, $CONTAINER_RUN_FLAGS,
-as the Makefile sets them; without them, podman with the flags this machine needs."""
+All five images, in `make test` and (the image tests alone) `make test-images`. Engine and
+flags: $CONTAINER_ENGINE, $CONTAINER_BUILD_FLAGS, $CONTAINER_RUN_FLAGS, as the Makefile sets
+them; without them, podman with the flags this machine needs."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ _is_podman = Path(ENGINE).name == "podman"
 BUILD_FLAGS = shlex.split(os.environ.get("CONTAINER_BUILD_FLAGS", "--network none " + (_PODMAN if _is_podman else "")))
 RUN_FLAGS = shlex.split(os.environ.get("CONTAINER_RUN_FLAGS", _PODMAN if _is_podman else ""))
 BASE_IMAGE = os.environ.get("LOCAL_BASE_IMAGE") or "localhost/lmforge-base:bookworm"
-SERVICES = os.environ.get("IMAGE_TEST_SERVICES", "uploader inference").split()
+SERVICES = ["dataprep", "trainer", "uploader", "inference", "canary"]
 TAG = "test"
 UID = "10001"
 
@@ -192,7 +192,6 @@ def tiny_package(tmp_path_factory) -> Path:
     return package
 
 
-@pytest.mark.skipif("inference" not in SERVICES, reason="inference is not in IMAGE_TEST_SERVICES")
 def test_inference_image_serves_a_model(build, tiny_package):
     """The image as the chart runs it: read-only root, writable /tmp only, the model mounted
     read-only, non-root; healthz, readyz, a completion, metrics; SIGTERM stops it cleanly."""
@@ -258,8 +257,6 @@ def torch_base_image(base_image, build, tmp_path_factory) -> str:
     return TORCH_BASE
 
 
-@pytest.mark.skipif(os.environ.get("IMAGE_TEST_TORCH_BASE") != "1",
-                    reason="the CUDA-base variant runs in `make test-images` (IMAGE_TEST_TORCH_BASE=1)")
 def test_inference_image_uses_the_torch_of_its_base(torch_base_image, tiny_package):
     """On a base that has torch (TORCH_SOURCE=auto), the image takes the base's torch and
     installs none of the lock's `# with torch` distributions, and still serves."""
@@ -303,8 +300,6 @@ def test_inference_image_uses_the_torch_of_its_base(torch_base_image, tiny_packa
         engine("rm", "--force", name, check=False)
 
 
-@pytest.mark.skipif(not {"dataprep", "trainer", "inference"} <= set(SERVICES),
-                    reason="needs the dataprep, trainer and inference images: `make test-images` runs it")
 def test_the_flow_through_the_images(build, tmp_path):
     """WET → shards (dataprep image) → 2-process FSDP training on gloo and export (trainer
     image) → served (inference image): each container non-root on a read-only root, writing
