@@ -30,20 +30,29 @@ class Codec:
 
 
 class TextStream:
-    """Feed tokens one by one; get back the text that is safe to show so far."""
+    """Feed tokens one by one; get back the text that is safe to show so far.
+
+    Only the tokens since the last complete character are decoded at each step (byte-level
+    BPE decodes token by token into bytes, so text up to a character boundary never changes),
+    which keeps a long generation linear rather than decoding everything per token."""
 
     def __init__(self, codec: Codec, stop: list[str]):
         self.codec = codec
         self.stop = [s for s in stop if s]
         self.ids: list[int] = []
+        self.text = ""  # the decoded text of ids[:self.decoded]
+        self.decoded = 0
         self.emitted = 0  # characters of the decoded text already returned
         self.stopped = False
 
     def feed(self, token_id: int) -> str:
         self.ids.append(token_id)
-        text = self.codec.decode(self.ids)
-        if text.endswith("\ufffd"):  # the token ends inside a UTF-8 character
+        tail = self.codec.decode(self.ids[self.decoded:])
+        if tail.endswith("\ufffd"):  # the token ends inside a UTF-8 character
             return ""
+        self.text += tail
+        self.decoded = len(self.ids)
+        text = self.text
         if self.stop:
             start = max(0, self.emitted - max(map(len, self.stop)) + 1)
             hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
@@ -57,7 +66,7 @@ class TextStream:
         """The rest, once the sequence has ended (an unfinished character included)."""
         if self.stopped:
             return ""
-        return self._take(self.codec.decode(self.ids), None)
+        return self._take(self.text + self.codec.decode(self.ids[self.decoded:]), None)
 
     def _take(self, text: str, end: int | None) -> str:
         end = len(text) if end is None else end
