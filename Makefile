@@ -9,8 +9,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SETUP_STAMP := $(VENV)/.lmforge-setup
 SERVICES := services/common services/dataprep services/trainer services/uploader services/inference services/canary
+# lmforge.demo: `make demo`, every service as a local process (not an image).
+DEMO_PACKAGE := services/demo
 # Installed editable with the services: the Kubeflow pipelines (kfp v2 SDK, pinned in its pyproject).
-PACKAGES := $(SERVICES) pipelines
+PACKAGES := $(SERVICES) pipelines $(DEMO_PACKAGE)
 PIPELINES_DIR ?= build/pipelines
 APT_PACKAGES := prometheus-pushgateway prometheus
 BENCH_APT_PACKAGES := libmagic1 util-linux
@@ -26,8 +28,8 @@ define apt_install
 	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 endef
-DEMO_DOCS ?= 3000
-DEMO_STEPS ?= 60
+# More demo settings: make demo DEMO_ARGS="--set train.steps=600" (README: configuration reference).
+DEMO_ARGS ?=
 
 # -- Images (docker/README.md) --------------------------------------------------------------------
 IMAGE_SERVICES := dataprep trainer uploader inference canary
@@ -51,7 +53,7 @@ CONTAINER_RUN_FLAGS ?= $(if $(is_podman),$(PODMAN_FLAGS))
 image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" \
 	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
 
-.PHONY: setup demo test test-fast lint pipelines bench-dataprep bench-train-memory bench-train-throughput \
+.PHONY: setup demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-train-memory bench-train-throughput \
 	bench-checkpoint bench-upload bench-serve clean
 
 setup: $(SETUP_STAMP)
@@ -63,19 +65,19 @@ $(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pypro
 	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(PACKAGES),-e $(s)) -e 'services/trainer[tracking]'
 	touch $(SETUP_STAMP)
 
+# The whole platform on this machine (services/demo): corpus, data pipeline (kfp.local), FSDP training
+# with the uploader and one planned interruption, serving, canary, Prometheus. Servers stay up until
+# Ctrl-C; `make demo-stop` ends what a killed demo left running.
 demo: setup
-	@mkdir -p $(DEMO_DIR)
-	$(VENV)/bin/lmforge-dataprep sample-data --output $(DEMO_DIR)/sample.warc.wet.gz --docs $(DEMO_DOCS) --seed 7
-	$(VENV)/bin/lmforge-dataprep run --input $(DEMO_DIR)/sample.warc.wet.gz --output $(DEMO_DIR)/dataprep \
-	  --set tokenizer.vocab_size=4096 --set shards.shard_tokens=200000 --set shards.val_fraction=0.02
-	OMP_NUM_THREADS=1 $(VENV)/bin/lmforge-train run --nproc 2 data.sources='[{path: $(DEMO_DIR)/dataprep}]' \
-	  parallel.mode=fsdp steps=$(DEMO_STEPS) data.seq_len=128 data.batch_size=4 eval_every=20 checkpoint.every=20 \
-	  log_every=10 run_dir=$(DEMO_DIR)/train
-	$(VENV)/bin/lmforge-train export --checkpoint $$(ls -d $(DEMO_DIR)/train/checkpoints/step-* | tail -1) \
-	  --output $(DEMO_DIR)/model
-	@echo
-	@echo "Data-prep report: $(DEMO_DIR)/dataprep/report.html (numbers: report.json, shards: manifest.json)"
-	@echo "Training metrics: $(DEMO_DIR)/train/metrics.jsonl; model package: $(DEMO_DIR)/model"
+	$(VENV)/bin/lmforge-demo run --set workdir=$(DEMO_DIR) $(DEMO_ARGS)
+
+demo-stop:
+	@if [ -x $(VENV)/bin/lmforge-demo ]; then $(VENV)/bin/lmforge-demo stop --workdir $(DEMO_DIR); \
+	else echo "nothing to stop (no $(VENV))"; fi
+
+# The README's configuration reference, regenerated from the services' pydantic models.
+docs: setup
+	$(PY) -m lmforge.common.config_reference --readme README.md
 
 test: setup image-tools
 	$(image_env) $(PY) -m pytest -q

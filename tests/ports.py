@@ -1,11 +1,3 @@
 """A free TCP port on loopback, for servers the tests start."""
 
-from __future__ import annotations
-
-import socket
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from lmforge.demo.processes import free_port  # noqa: F401 - re-exported for the tests

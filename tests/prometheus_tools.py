@@ -4,7 +4,6 @@ fixtures): the Pushgateway, and helpers to read what it holds."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,17 +11,15 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.ports import free_port
-from tests.processes import stop, wait_http_ok
-
-PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
-
-
-def _binary(default: str, name: str) -> str:
-    found = default if Path(default).exists() else shutil.which(name)
-    if not found:
-        raise FileNotFoundError(f"{name} not found (install the Debian package {name}: `make setup`)")
-    return found
+from lmforge.demo.processes import free_port, stop, wait_http_ok
+from lmforge.demo.prometheus import (  # noqa: F401 - re-exported for the tests
+    alerts,
+    prometheus_command,
+    pushgateway_command,
+    query,
+    static_job,
+    targets_up,
+)
 
 
 @contextlib.contextmanager
@@ -46,9 +43,7 @@ def running_pushgateway(log_path: Path | None = None, timeout: float = 30) -> It
     """`prometheus-pushgateway` on a free loopback port, ready; yields its URL. Metrics are kept in
     memory only (Debian's default persists them to /var/lib/prometheus/pushgateway.data)."""
     port = free_port()
-    command = [_binary(PUSHGATEWAY, "prometheus-pushgateway"), f"--web.listen-address=127.0.0.1:{port}",
-               "--persistence.file=", "--log.level=warn"]
-    with _running(command, port, "prometheus-pushgateway", log_path, timeout) as url:
+    with _running(pushgateway_command(port), port, "prometheus-pushgateway", log_path, timeout) as url:
         yield url
 
 
@@ -81,51 +76,12 @@ def pushed_groups(url: str) -> list[dict]:
     return response.json()["data"]
 
 
-PROMETHEUS = "/usr/bin/prometheus"
-
-
 @contextlib.contextmanager
 def running_prometheus(workdir: Path, scrape_configs: list[dict], rule_files: list[Path] = (),
                        interval: str = "1s", timeout: float = 60) -> Iterator[str]:
     """`prometheus` on a free loopback port with its TSDB in `workdir` (Debian's default is
     /var/lib/prometheus), scraping and evaluating every `interval`; yields its URL."""
-    import yaml
-
     port = free_port()
-    config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
-              "rule_files": [str(p) for p in rule_files], "scrape_configs": scrape_configs}
-    config_path = workdir / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    command = [_binary(PROMETHEUS, "prometheus"), f"--config.file={config_path}",
-               f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-               "--log.level=warn"]
+    command = prometheus_command(workdir, port, scrape_configs, rule_files, interval)
     with _running(command, port, "prometheus", workdir / "prometheus.log", timeout) as url:
         yield url
-
-
-def static_job(name: str, url: str, honor_labels: bool = False, path: str = "/metrics") -> dict:
-    """A scrape job for one loopback target given by its base URL."""
-    job = {"job_name": name, "metrics_path": path, "static_configs": [{"targets": [url.split("://", 1)[1]]}]}
-    if honor_labels:
-        job["honor_labels"] = True
-    return job
-
-
-def query(url: str, promql: str) -> list[dict]:
-    """The result vector of an instant query (raises on a PromQL error)."""
-    response = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10)
-    body = response.json()
-    if body.get("status") != "success":
-        raise AssertionError(f"query failed: {promql}: {body.get('error')}")
-    return body["data"]["result"]
-
-
-def alerts(url: str) -> list[dict]:
-    """Active alerts (pending and firing) as /api/v1/alerts lists them."""
-    return httpx.get(f"{url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
-
-
-def targets_up(url: str) -> dict[str, bool]:
-    """job → whether its (single) target's last scrape succeeded."""
-    active = httpx.get(f"{url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
-    return {t["labels"]["job"]: t["health"] == "up" for t in active}

@@ -21,9 +21,9 @@ import httpx
 import pytest
 import yaml
 
+from lmforge.demo.dashboards import dashboard_queries, load_dashboards
 from tests.canary.helpers import run_canary, write_eval_set
 from tests.helm_chart import find, render
-from tests.observability.dashboards import dashboard_queries, load_dashboards
 from tests.ports import free_port
 from tests.processes import stop
 from tests.prometheus_tools import alerts, query, running_prometheus, running_pushgateway, static_job, targets_up

@@ -15,8 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.helm_chart import find, render
-from tests.observability.dashboards import (
+from lmforge.demo.dashboards import (
     DASHBOARDS,
     MACROS,
     dashboard_queries,
@@ -27,6 +26,7 @@ from tests.observability.dashboards import (
     substitute,
     variables_of,
 )
+from tests.helm_chart import find, render
 
 NAMES = ("canary", "dataprep", "inference", "training")
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

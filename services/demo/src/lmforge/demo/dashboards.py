@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-DASHBOARDS = Path(__file__).resolve().parents[2] / "helm" / "lmforge" / "dashboards"
+from lmforge.demo.chart import CHART
+
+DASHBOARDS = CHART / "dashboards"
 
 MACROS = {"__rate_interval": "30s", "__interval": "15s", "__range": "5m"}
 # $name, ${name} and ${name:format}; Grafana's own $__macros are in MACROS.

@@ -1,0 +1,5 @@
+import sys
+
+from lmforge.demo.cli import main
+
+sys.exit(main())

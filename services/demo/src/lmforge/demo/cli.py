@@ -1,0 +1,77 @@
+"""lmforge-demo: the whole platform on one machine (`make demo`), and `stop` for what a killed
+demo left running (`make demo-stop`).
+
+    lmforge-demo run [--config demo.yaml] [--set train.steps=300] [--no-hold]
+    lmforge-demo stop [--workdir demo-output]
+
+Exit codes: 0 done (after the summary, Ctrl-C ends it), 2 bad configuration, 1 a step failed
+(its log's tail is printed), 130 interrupted before the summary (everything it started is
+stopped, no step's output is left half-written)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+from lmforge.common.errors import LmforgeError
+from lmforge.demo.config import DemoConfig, load_demo_config
+from lmforge.demo.processes import StepFailed, stop_recorded
+from lmforge.demo.staging import discard_staging
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lmforge-demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the seven steps, print the summary, keep the servers up until Ctrl-C")
+    run.add_argument("--config", help="YAML config file (lmforge.demo.config.DemoConfig)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    run.add_argument("--no-hold", action="store_true", help="stop the servers after the summary")
+    stop = sub.add_parser("stop", help="stop the processes a demo in WORKDIR left running")
+    stop.add_argument("--workdir", default=DemoConfig.model_fields["workdir"].default)
+    return parser
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "stop":
+        workdir = Path(args.workdir)
+        stopped = stop_recorded(workdir)
+        discard_staging(workdir)
+        print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+        return 0
+    try:
+        config = load_demo_config(args.config, args.set)
+    except LmforgeError as exc:
+        sys.stderr.write(f"lmforge-demo: {exc}\n")
+        return 2
+    if args.no_hold:
+        config.hold = False
+    from lmforge.demo.platform import LocalPlatform
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    demo = LocalPlatform(config)
+    try:
+        demo.run()
+    except KeyboardInterrupt:
+        sys.stderr.write("\nlmforge-demo: interrupted; stopping everything it started\n")
+        return 130
+    except (StepFailed, LmforgeError, RuntimeError, TimeoutError, FileNotFoundError) as exc:
+        sys.stderr.write(f"\nlmforge-demo: {exc}\n")
+        return 1
+    else:
+        if config.hold:
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the way a finished demo ends
+                demo.hold()
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        demo.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)

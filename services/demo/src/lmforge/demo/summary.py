@@ -1,0 +1,60 @@
+"""The demo's closing summary: a JSON document (WORKDIR/summary.json) and its text form."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(summary, indent=1) + "\n")
+    temporary.replace(path)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def render(summary: dict[str, Any]) -> str:
+    data, train, serve, canary, dash, look = (summary[k] for k in ("data", "train", "serve", "canary",
+                                                                   "dashboards", "where"))
+    funnel = " → ".join(f"{stage} {out:,}" for stage, _, out in data["funnel"])
+    kept = data["kept_docs"] / max(data["documents"], 1)
+    checkpoints = "\n".join(f"{' ' * 12}{uri}" for uri in train["checkpoint_uris"])
+    curl = shlex.join(["curl", "-s", f"{serve['url']}/v1/completions", "-H",
+                       f"Authorization: Bearer {serve['api_key']}", "-H", "Content-Type: application/json",
+                       "-d", json.dumps({"prompt": serve["completions"][0]["prompt"], "max_tokens": 32})])
+    val = f"{train['final_val_loss']:.3f}" if train["final_val_loss"] is not None else "n/a"
+    lines = [
+        f"lmforge demo finished in {summary['seconds'] / 60:.1f} min",
+        f"Data        {data['wet_files']} WET files, {_mb(data['text_bytes'])} of text, {data['documents']:,} documents"
+        f" → {data['kept_docs']:,} kept ({kept:.0%}), {data['tokens']:,} tokens in {data['shards']} shards",
+        f"            funnel (documents out): {funnel}",
+        f"Training    {train['preset']} preset, {train['nproc']} processes ({train['mode']}), {train['steps']} steps:"
+        f" train loss {train['final_loss']:.3f}, val loss {val}, {train['tokens_per_second']:,.0f} tokens/s",
+        f"            killed at step {train['interrupted_at']}, restored step {train['restored_step']} from S3; "
+        f"steps {train['compared_steps'][0]}–{train['compared_steps'][-1]} recomputed with identical losses "
+        f"(max difference {train['max_loss_difference']})",
+        f"            checkpoints in S3 ({train['s3_endpoint']}):",
+        checkpoints,
+        f"Serving     {serve['url']} ({serve['model']}): TTFT {serve['ttft_ms']:.0f} ms, TPOT {serve['tpot_ms']:.1f} ms"
+        " (means over every request so far)",
+        *[f"            {'(streamed) ' if c['streamed'] else ''}{c['prompt']!r} → {c['text'][:70]!r}"
+          for c in serve["completions"]],
+        f"Canary      {'pass' if canary['passed'] else 'REGRESSION'}: perplexity {canary['perplexity']:.2f}, "
+        f"score {canary['score']:.2f} (baseline recorded: {canary['baseline']})",
+        f"Dashboards  {len(dash['with_data'])} panel queries return data"
+        + (f", {len(dash['empty'])} EMPTY: {'; '.join(dash['empty'])}" if dash["empty"] else "")
+        + (f" ({len(dash['gpu_only'])} GPU-only panels not asked: no GPU)" if dash["gpu_only"] else ""),
+        f"Look at     data report   {look['report']}",
+        f"            metrics       {look['metrics']}",
+        f"            Prometheus    {look['prometheus']}  (alerts: {look['prometheus']}/alerts)",
+        f"            Pushgateway   {look['pushgateway']}",
+        f"            logs          {look['logs']}",
+        f"            summary       {look['summary']}",
+        f"Try         {curl}",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,224 @@
+"""`make demo` scaled down (a smaller corpus, fewer steps), its steps run in-process as the demo
+runs them, then each step's real outcome checked independently of the demo's own summary:
+
+- the shards exist, match the manifest and decode back to text;
+- the resumed run's losses continue the interrupted run's curve exactly;
+- the checkpoint in S3 verifies (restored through the uploader, every file's sha256 checked);
+- completions come back (with the demo key only), streamed too;
+- the canary passes against the recorded baseline, and its result is in the Pushgateway;
+- every dashboard panel's query returns data from Prometheus.
+
+And the demo as a command: interrupted, it stops everything it started and leaves no half-written
+step; killed outright, `lmforge-demo stop` ends what it left running."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from lmforge.common.checkpoint_layout import committed_steps, step_dir
+from lmforge.common.shards import open_shard, read_doc_ends
+from lmforge.common.storage import sha256_file
+from lmforge.demo.config import load_demo_config
+from lmforge.demo.dashboards import dashboard_queries, load_dashboards
+from lmforge.demo.platform import LocalPlatform
+from lmforge.demo.prometheus import query
+from lmforge.demo.steps.storage import s3_env
+from lmforge.demo.steps.train import read_records
+from tests.canary.helpers import run_canary
+from tests.prometheus_tools import pushed_value
+
+pytestmark = pytest.mark.slow
+
+SCALED = ["data.docs_per_file=600", "data.vocab_size=1024", "data.shard_tokens=50000", "data.val_fraction=0.05",
+          "train.steps=30", "train.checkpoint_every=10", "train.interrupt_at=24", "train.eval_every=15",
+          "train.seq_len=64", "train.batch_size=4", "serve.canary_texts=4", "serve.max_tokens=12", "serve.port=0",
+          "observe.prometheus_port=0", "observe.pushgateway_port=0", "observe.scrape_interval=1s",
+          "observe.rate_window=10s"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("demo")
+    config = load_demo_config(overrides=[f"workdir={workdir}", "hold=false", *SCALED])
+    printed = io.StringIO()
+    platform = LocalPlatform(config, stream=printed)
+    try:
+        platform.run()
+        yield platform, printed.getvalue()
+    finally:
+        platform.close()
+
+
+def test_it_prints_each_step_and_a_summary(demo):
+    platform, printed = demo
+    for number in range(1, 8):
+        assert f"[{number}/7] " in printed
+    assert "curl -s http://127.0.0.1:" in printed and "Bearer lmforge-demo-key" in printed
+    assert json.loads((platform.workdir / "summary.json").read_text()) == json.loads(json.dumps(platform.summary))
+    assert not (platform.workdir / ".staging").exists()
+
+
+def test_shards_exist_and_decode(demo):
+    platform, _ = demo
+    data = platform.workdir / "data"
+    manifest = json.loads((data / "manifest.json").read_text())
+    tokenizer = Tokenizer.from_file(str(data / "tokenizer.json"))
+    assert {s["split"] for s in manifest["shards"]} == {"train", "val"}
+    for shard in manifest["shards"]:
+        path = data / shard["path"]
+        assert sha256_file(path) == shard["sha256"]
+        header, tokens = open_shard(path)
+        assert header.token_count == shard["tokens"] > 0
+        ends = read_doc_ends(path)
+        first = tokenizer.decode([int(t) for t in tokens[:ends[0]]])
+        assert len(first.split()) >= 10, first  # a document, not noise
+    assert (data / "report.html").stat().st_size > 0
+    report = json.loads((data / "report.json").read_text())
+    assert report["inputs"]["records"] == 2 * 600 and 0 < report["totals"]["kept_docs"] < 1200
+
+
+def test_the_resumed_loss_continues_the_interrupted_curve(demo):
+    platform, _ = demo
+    train = platform.workdir / "train"
+    before = {r["step"]: r["loss"] for r in read_records(train / "attempt-1" / "metrics.jsonl", "step")}
+    after = {r["step"]: r["loss"] for r in read_records(train / "run" / "metrics.jsonl", "step")}
+    assert max(before) == 23  # killed on reaching step 24 (0-based)
+    resumed_from = min(after) - 1
+    assert resumed_from in (9, 19), "the resumed run starts after a checkpoint the uploader had uploaded"
+    assert max(after) == 29
+    overlap = [s for s in after if s in before]
+    assert overlap == list(range(resumed_from + 1, 24))
+    assert [after[s] for s in overlap] == [before[s] for s in overlap]  # exactly, not approximately
+    assert after[29] < before[0]
+
+
+def test_the_checkpoint_in_s3_verifies(demo, tmp_path, monkeypatch):
+    from lmforge.uploader.cli import main as uploader
+
+    platform, _ = demo
+    train = platform.summary["train"]
+    for name, value in s3_env(train["s3_endpoint"]).items():
+        monkeypatch.setenv(name, value)
+    assert train["uploaded_steps"][-1] == 29
+    assert uploader(["restore", "--src", train["destination"], "--dir", str(tmp_path), "--step", "29"]) == 0
+    restored, local = step_dir(tmp_path, 29), step_dir(platform.workdir / "train" / "run" / "checkpoints", 29)
+    assert committed_steps(tmp_path) == [29]
+    files = sorted(p.relative_to(local) for p in local.rglob("*") if p.is_file())
+    assert files and files == sorted(p.relative_to(restored) for p in restored.rglob("*") if p.is_file())
+    assert all(sha256_file(local / f) == sha256_file(restored / f) for f in files)
+
+
+def test_completions_come_back_with_the_demo_key_only(demo):
+    platform, _ = demo
+    url, key = platform.summary["serve"]["url"], platform.config.serve.api_key
+    body = {"prompt": "The history of the city", "max_tokens": 8}
+    answer = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"]
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 401
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as streamed:
+        lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and len(lines) > 2
+    assert [c["streamed"] for c in platform.summary["serve"]["completions"]] == [False, False, True]
+
+
+def test_the_canary_passes_and_its_result_is_pushed(demo):
+    platform, _ = demo
+    canary, serve = platform.summary["canary"], platform.summary["serve"]
+    again = run_canary("run", "--endpoint", serve["url"], "--eval-set", canary["eval_set"], "--baseline",
+                       canary["baseline"], "--api-key-file", str(platform.workdir / "serve" / "api-keys"))
+    assert again.code == 0, again
+    assert canary["passed"] is True
+    gateway = platform.monitoring.pushgateway
+    assert pushed_value(gateway, "lmforge_canary_passed", job="lmforge-canary", model="lmforge-demo") == 1
+
+
+def test_every_dashboard_query_returns_data(demo):
+    platform, _ = demo
+    dashboards = platform.summary["dashboards"]
+    asked = [f"{name} / {title}" for name, d in load_dashboards().items()
+             for title, _, requires in dashboard_queries(d) if requires != "gpu"]
+    assert dashboards["empty"] == []
+    assert sorted(dashboards["with_data"]) == sorted(asked)
+    prometheus = platform.monitoring.prometheus
+    assert query(prometheus, 'max_over_time(lmforge_train_step[10m]) >= 9')
+    assert query(prometheus, 'max_over_time(lmforge_uploader_last_uploaded_step[10m]) >= 9')
+
+
+# -- the demo as a command ---------------------------------------------------------------------------
+
+
+def _start_demo(workdir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "lmforge.demo", "run", "--set", f"workdir={workdir}", *[
+        a for pair in SCALED for a in ("--set", pair)]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_training(workdir: Path, demo: subprocess.Popen) -> list[int]:
+    """Once attempt 1 is training: the process ids the demo recorded."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert demo.poll() is None, demo.stdout.read()
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            state = json.loads((workdir / "processes.json").read_text())
+            if any(p["name"] == "train-attempt-1" for p in state["processes"]):
+                return [p["pid"] for p in state["processes"]]
+        time.sleep(0.2)
+    raise AssertionError("training never started")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+
+
+def test_an_interrupted_demo_stops_everything_and_leaves_no_half_written_step(tmp_path):
+    demo = _start_demo(tmp_path)
+    pids = _wait_for_training(tmp_path, demo)
+    demo.send_signal(signal.SIGINT)
+    output, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 130, output
+    assert "interrupted" in output
+    time.sleep(0.5)
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert not (tmp_path / "processes.json").exists()
+    assert not (tmp_path / ".staging").exists()
+    assert (tmp_path / "data" / "manifest.json").exists()  # the finished step stays
+    assert not (tmp_path / "train").exists() and not (tmp_path / "model").exists()
+
+
+def test_demo_stop_ends_what_a_killed_demo_left_running(tmp_path):
+    demo = _start_demo(tmp_path)
+    pids = _wait_for_training(tmp_path, demo)
+    demo.kill()
+    demo.communicate(timeout=30)
+    assert any(_alive(pid) for pid in pids)  # orphans: the servers and the training run
+    stopped = subprocess.run([sys.executable, "-m", "lmforge.demo", "stop", "--workdir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.startswith("stopped: ") and "prometheus" in stopped.stdout
+    time.sleep(0.5)
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert not (tmp_path / ".staging").exists()
+
+
+def test_a_bad_setting_is_refused_before_anything_starts(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "lmforge.demo", "run", "--set", f"workdir={tmp_path / 'w'}",
+                           "--set", "train.interrupt_at=500"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "interrupt_at (500) must be after the first checkpoint" in done.stderr
+    assert not (tmp_path / "w").exists()
