@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from lmforge.common.storage import atomic_write_bytes
+
 STATE_FILE = "processes.json"
 
 
@@ -168,11 +170,9 @@ class Supervisor:
     def _record(self) -> None:
         state = [{"name": name, "pid": p.pid, "start_time": _start_time(p.pid)}
                  for name, p in self._children.items() if p.poll() is None]
-        temporary = self.state_path.with_suffix(".tmp")
         me = os.getpid()
         record = {"supervisor_pid": me, "supervisor_start_time": _start_time(me), "processes": state}
-        temporary.write_text(json.dumps(record, indent=1))
-        temporary.replace(self.state_path)
+        atomic_write_bytes(self.state_path, json.dumps(record, indent=1).encode())
 
 
 def stop_recorded(workdir: Path, timeout: float = 15) -> list[str]:

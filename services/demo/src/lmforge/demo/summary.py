@@ -7,11 +7,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from lmforge.common.storage import atomic_write_bytes
+
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(summary, indent=1) + "\n")
-    temporary.replace(path)
+    atomic_write_bytes(path, (json.dumps(summary, indent=1) + "\n").encode())
 
 
 def _mb(n: float) -> str:
