@@ -25,7 +25,8 @@ define apt_install
 	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 endef
 # More demo settings: make demo DEMO_ARGS="--set train.steps=600" (README: configuration reference).
@@ -53,13 +54,16 @@ CONTAINER_RUN_FLAGS ?= $(if $(is_podman),$(PODMAN_FLAGS))
 image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" \
 	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
 
-.PHONY: setup demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-train-memory bench-train-throughput \
+.PHONY: setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-train-memory bench-train-throughput \
 	bench-checkpoint bench-upload bench-serve clean
 
 setup: $(SETUP_STAMP)
 
-$(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pyproject.toml)
+# The Debian packages the tests and the demo need, installed when missing (checked on every setup).
+system-packages:
 	$(call apt_install,$(APT_PACKAGES))
+
+$(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pyproject.toml) | system-packages
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(PACKAGES),-e $(s)) -e 'services/trainer[tracking]'
