@@ -54,13 +54,20 @@ CONTAINER_RUN_FLAGS ?= $(if $(is_podman),$(PODMAN_FLAGS))
 image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" \
 	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
 
-.PHONY: setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-train-memory bench-train-throughput \
-	bench-checkpoint bench-upload bench-serve clean
+.PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-train-memory \
+	bench-train-throughput bench-checkpoint bench-upload bench-serve clean
+.DEFAULT_GOAL := help
 
-setup: $(SETUP_STAMP)
+# Every target with a `## ` note, one line each (image-SERVICE's note is its own `## ` line).
+help: ## this list (a bare `make` prints it)
+	@echo "make TARGET, on a fresh Debian/Ubuntu machine too (each sets itself up):"
+	@sed -n -e 's/^\([a-z][a-z-]*\):.*## \(.*\)$$/\1\t\2/p' -e 's/^## \([a-zA-Z-]*\): \(.*\)$$/\1\t\2/p' \
+	  $(firstword $(MAKEFILE_LIST)) | awk -F '\t' '{ printf "  %-24s %s\n", $$1, $$2 }'
+
+setup: $(SETUP_STAMP) ## a .venv with every service installed editable, and the Debian packages
 
 # The Debian packages the tests and the demo need, installed when missing (checked on every setup).
-system-packages:
+system-packages: ## the Debian packages the tests and the demo need (apt, sudo when not root)
 	$(call apt_install,$(APT_PACKAGES))
 
 $(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pyproject.toml) | system-packages
@@ -72,68 +79,69 @@ $(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pypro
 # The whole platform on this machine (services/demo): corpus, data pipeline (kfp.local), FSDP training
 # with the uploader and one planned interruption, serving, canary, Prometheus. Servers stay up until
 # Ctrl-C; `make demo-stop` ends what a killed demo left running.
-demo: setup
+demo: setup ## the whole platform on this machine, under 10 min on 2 cores (README: Quickstart)
 	$(VENV)/bin/lmforge-demo run --set workdir=$(DEMO_DIR) $(DEMO_ARGS)
 
-demo-stop:
+demo-stop: ## stop what a killed demo left running
 	@if [ -x $(VENV)/bin/lmforge-demo ]; then $(VENV)/bin/lmforge-demo stop --workdir $(DEMO_DIR); \
 	else echo "nothing to stop (no $(VENV))"; fi
 
 # The README's configuration reference, regenerated from the services' pydantic models.
-docs: setup
+docs: setup ## regenerate the README's configuration reference
 	$(PY) -m lmforge.common.config_reference --readme README.md
 
-test: setup image-tools
+test: setup image-tools ## every test: about 12-14 min of pytest on 2 cores, plus the image builds
 	$(image_env) $(PY) -m pytest -q
 
-test-fast: setup
+test-fast: setup ## the tests not marked slow (no end-to-end demo, no image builds)
 	$(PY) -m pytest -q -m "not slow"
 
 # The image tests alone (every service image, built on the local base image; `make test` runs them too).
-test-images: setup image-tools
+test-images: setup image-tools ## build every service image and run the image tests
 	$(image_env) $(PY) -m pytest -q -m images tests/images
 
-lint: setup
+lint: setup ## ruff over services, tests, bench, pipelines, docker
 	$(VENV)/bin/ruff check services tests bench pipelines docker
 
 # The data and train pipelines as KFP IR YAML, for upload in the Kubeflow Pipelines UI (the step
 # images are lmforge/<service>:<tag>; set LMFORGE_IMAGE_REGISTRY / LMFORGE_IMAGE_TAG to change them).
-pipelines: setup
+pipelines: setup ## compile the Kubeflow pipelines to build/pipelines/*.yaml
 	$(PY) -m lmforge_pipelines.compile --output $(PIPELINES_DIR)
 
-bench-dataprep: setup
+bench-dataprep: setup ## data prep against Hugging Face datatrove on the same input (docs/benchmarks.md)
 	$(call apt_install,$(BENCH_APT_PACKAGES))
 	$(PY) bench/dataprep_bench.py
 
-bench-train-memory: setup
+bench-train-memory: setup ## per-rank training memory, DDP against FSDP2
 	$(PY) bench/train_memory.py
 
-bench-train-throughput: setup
+bench-train-throughput: setup ## training tokens/s, and the trainer's overhead over a bare loop
 	$(PY) bench/train_throughput.py
 
-bench-checkpoint: setup
+bench-checkpoint: setup ## how long a checkpoint blocks a training step, async against sync
 	$(PY) bench/checkpoint_stall.py
 
-bench-upload: setup
+bench-upload: setup ## the checkpoint uploader against boto3's upload_file
 	$(PY) bench/upload_bench.py
 
-bench-serve: setup
+bench-serve: setup ## lmforge-serve under concurrent streaming load: tokens/s, TTFT, TPOT
 	$(PY) bench/serve/serve_bench.py
 
 # -- Images ---------------------------------------------------------------------------------------
 .PHONY: test-images image-tools base-image images image-locks $(addprefix image-,$(IMAGE_SERVICES))
 
-image-tools:
+image-tools: ## podman, runc and debootstrap (apt), for the images and their tests
 	$(call apt_install,$(IMAGE_APT_PACKAGES))
 
 # Debian bookworm + python3 from debootstrap, imported as $(LOCAL_BASE_IMAGE) (once).
-base-image: image-tools
+base-image: image-tools ## a local Debian bookworm base image, for machines without a registry
 	CONTAINER_ENGINE="$(CONTAINER_ENGINE)" docker/make-base-image.sh $(LOCAL_BASE_IMAGE)
 
 # Every service image, tagged $(IMAGE_PREFIX)/SERVICE:$(VERSION). Without a registry:
 #   make base-image images BASE_IMAGE=localhost/lmforge-base:bookworm
-images: $(addprefix image-,$(IMAGE_SERVICES))
+images: $(addprefix image-,$(IMAGE_SERVICES)) ## every service image, tagged IMAGE_PREFIX/SERVICE:VERSION (docker/README.md)
 
+## image-SERVICE: one service image (dataprep, trainer, uploader, inference, canary)
 $(addprefix image-,$(IMAGE_SERVICES)): image-%: setup
 	@test -n "$(CONTAINER_ENGINE)" || { echo "no podman or docker: install one (make image-tools installs podman)" >&2; exit 1; }
 	CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" BASE_IMAGE="$(BASE_IMAGE)" \
@@ -142,8 +150,8 @@ $(addprefix image-,$(IMAGE_SERVICES)): image-%: setup
 
 # Re-resolve docker/locks/*.lock (the exact third-party versions of each image) from the
 # services' pyproject.toml with this machine's pip configuration.
-image-locks: setup
+image-locks: setup ## re-resolve docker/locks/*.lock from the services' pyproject.toml
 	$(PY) docker/wheelhouse.py lock
 
-clean:
+clean: ## remove the demo output, bench output, built pipelines and images' build folder
 	rm -rf $(DEMO_DIR) bench/out .pytest_cache build/images $(PIPELINES_DIR)

@@ -163,10 +163,10 @@ def main() -> None:
     print("\nlmforge (1 core)")
     print(f"{'stage':20s} {'docs in':>9s} {'docs out':>9s} {'seconds':>8s} {'docs/s':>9s} {'MB/s':>7s}")
     for stage in report["stages"]:
-        print(f"{stage['name']:20s} {stage['docs_in']:9d} {stage['docs_out']:9d} {stage['seconds']:8.2f} "
-              f"{stage['docs_per_second']:9.0f} {stage['mb_per_second']:7.2f}")
+        print(f"{stage['name']:20s} {stage['docs_in']:9d} {stage['docs_out']:9d} {stage['worker_seconds']:8.2f} "
+              f"{stage['docs_per_worker_second']:9.0f} {stage['text_mb_per_worker_second'] or 0:7.2f}")
     lm_e2e = raw_bytes / 1e6 / lm["wall_seconds"]
-    worker_rss = max(w["peak_rss_bytes"] for w in report["workers"])
+    worker_rss = max(w["peak_rss_bytes"] for w in report["workers"] if w["task"] != "main process")
     print(f"{'end to end':20s} {report['inputs']['records']:9d} {report['totals']['kept_docs']:9d} "
           f"{lm['wall_seconds']:8.2f} {report['inputs']['records'] / lm['wall_seconds']:9.0f} {lm_e2e:7.2f}")
     print(f"peak RSS per worker: {worker_rss / 2**20:.0f} MiB; whole run: {lm['peak_rss_bytes'] / 2**20:.0f} MiB")

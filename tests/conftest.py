@@ -7,15 +7,13 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = REPO_ROOT.parent / "shared"
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 
 @pytest.fixture(scope="session")
-def shared_fixtures() -> Path:
-    path = SHARED / "fixtures"
-    if not path.exists():
-        pytest.fail(f"../shared/fixtures not found beside the repository ({path})")
-    return path
+def fixtures_dir() -> Path:
+    """tests/fixtures: real reference data (a Common Crawl WET sample; see its README.md)."""
+    return FIXTURES
 
 
 @pytest.fixture(scope="session")

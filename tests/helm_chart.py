@@ -8,7 +8,7 @@ import yaml
 
 from lmforge.demo.chart import CHART, find, render  # noqa: F401 - re-exported for the tests
 
-CRDS = Path(__file__).resolve().parents[2] / "shared" / "crds"
+CRDS = Path(__file__).resolve().parent / "crds"  # upstream CRDs, unmodified (crds/README.md)
 CRD_FILES = {
     "PyTorchJob": "kubeflow.org_pytorchjobs.yaml",
     "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
@@ -18,7 +18,7 @@ CRD_FILES = {
 
 
 def crd_errors(obj: dict) -> list[str]:
-    """Where `obj` breaks the upstream CRD's openAPIV3Schema (../shared/crds), as messages."""
+    """Where `obj` breaks the upstream CRD's openAPIV3Schema (tests/crds), as messages."""
     import jsonschema
 
     crd = yaml.safe_load((CRDS / CRD_FILES[obj["kind"]]).read_text())

@@ -1,4 +1,4 @@
-"""Real Prometheus components on loopback for tests (DESIGN.md: the Debian packages, started by
+"""Real Prometheus components on loopback for tests (docs/design.md: the Debian packages, started by
 fixtures): the Pushgateway, and helpers to read what it holds."""
 
 from __future__ import annotations
@@ -53,6 +53,16 @@ def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     response.raise_for_status()
     return [(s.name, dict(s.labels), s.value) for family in text_string_to_metric_families(response.text)
             for s in family.samples]
+
+
+def registry_samples(registry) -> dict[str, float]:
+    """What a scrape of `registry` (generate_latest, parsed back) shows: each sample without
+    labels by name. A gauge with no value yet is missing from it."""
+    from prometheus_client import generate_latest
+
+    text = generate_latest(registry).decode()
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if not s.labels}
 
 
 def pushed_value(url: str, name: str, **group: str) -> float | None:

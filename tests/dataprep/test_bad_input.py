@@ -98,3 +98,44 @@ def test_global_stage_before_workers_is_refused(tmp_path, capsys):
     assert run_cli("run", "--input", *inputs, "--output", out, "--worker-index", 0, "--num-workers", 2) == 0
     assert run_cli("finalize", "--output", out, "--workers", 1) == 3
     assert "not processed yet" in capsys.readouterr().err
+
+
+def test_a_literal_input_that_does_not_exist_is_an_input_error(tmp_path, capsys):
+    good = tmp_path / "in.warc.wet"
+    good.write_bytes(wet_record("https://x.example/", prose(1)))
+    missing = tmp_path / "no" / "such" / "file.warc.wet.gz"
+    assert run_cli("run", "--input", good, missing, "--output", tmp_path / "out", "--workers", 1) == 3
+    err = capsys.readouterr().err
+    assert err == f"lmforge-dataprep run: error: input not found: {missing}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_in_which_no_input_yields_a_document_fails_and_names_the_inputs(tmp_path, capsys):
+    (tmp_path / "a-text.warc.wet.gz").write_bytes(b"The quick brown fox jumps over the lazy dog.\nMore text.\n")
+    (tmp_path / "b-empty.warc.wet.gz").write_bytes(b"")
+    members = [gz_member(wet_record(f"https://cut.example/{i}", prose(i))) for i in range(2)]
+    (tmp_path / "c-cut.warc.wet.gz").write_bytes(members[0][:30])
+    out = tmp_path / "out"
+    inputs = sorted(tmp_path.glob("*.warc.wet.gz"))
+    assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 1, *SMALL) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("lmforge-dataprep run: error: no input yielded a single document: ")
+    for path, problem in zip(inputs, ("not_gzip: 1", "empty_file: 1", "truncated_gzip: 1")):
+        assert f"{path} ({problem}" in err
+    assert not (out / "manifest.json").exists() and not (out / "shards").exists()
+    # a rerun (or the global stages alone) says the same, it does not go on with nothing
+    assert run_cli("finalize", "--output", out, "--workers", 1) == 3
+    assert "no input yielded a single document" in capsys.readouterr().err
+
+
+def test_some_bad_inputs_among_good_ones_are_counted_and_the_run_succeeds(tmp_path):
+    good = tmp_path / "good.warc.wet"
+    good.write_bytes(b"".join(wet_record(f"https://g.example/{i}", prose(i)) for i in range(30)))
+    (tmp_path / "text.warc.wet.gz").write_bytes(b"just some notes, not an archive at all\n")
+    out = tmp_path / "out"
+    assert run_cli("run", "--input", good, tmp_path / "text.warc.wet.gz", "--output", out, "--workers", 1,
+                   *SMALL) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["inputs"]["bad_input"]["not_gzip"] == 1
+    assert report["inputs"]["reader"]["unparseable_inputs"] == 1
+    assert report["inputs"]["reader"]["records_read"] == report["inputs"]["records"] == 30

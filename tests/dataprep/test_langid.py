@@ -1,12 +1,19 @@
 """Language ID with the official lid.176 model on real text."""
 
+from pathlib import Path
+
 import pytest
 
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.config import LangIdConfig
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.steps.langid import LanguageFilter
+from lmforge.dataprep.steps.langid import LanguageFilter, prose_text
 from lmforge.dataprep.steps.reader import WetReader
+
+# Whole documentation pages from Debian packages (sources and licenses: doc_excerpts/SOURCES.md)
+EXCERPTS = Path(__file__).parent / "doc_excerpts"
+CODE_HEAVY_ENGLISH = sorted(EXCERPTS.glob("en_*.txt"))
+CODE_HEAVY_JAPANESE = sorted(EXCERPTS.glob("ja_*.txt"))
 
 # Real sentences, written by people (opening lines of public-domain works and common prose).
 REAL_TEXT = {
@@ -57,9 +64,9 @@ def test_threshold_drops_low_confidence():
         step.stats.dropped == {"language_not_kept": 1}
 
 
-def test_real_common_crawl_record(shared_fixtures):
+def test_real_common_crawl_record(fixtures_dir):
     # An Aragonese Wikipedia page; Common Crawl's own identifier says "spa" and so does lid.176.
-    docs = list(WetReader().read(str(shared_fixtures / "whirlwind.warc.wet.gz"), 0))
+    docs = list(WetReader().read(str(fixtures_dir / "whirlwind.warc.wet.gz"), 0))
     step = LanguageFilter()
     assert list(step.run(docs)) == []
     assert step.stats.dropped == {"language_not_kept": 1}
@@ -72,3 +79,63 @@ def test_missing_model_is_a_config_error(tmp_path):
     step = LanguageFilter(LangIdConfig(model_path=str(tmp_path / "lid.176.bin")))
     with pytest.raises(ConfigError, match="model_path"):
         list(step.run([Document(0, "u", "hello world")]))
+
+
+def identify(step: LanguageFilter, text: str) -> tuple[tuple[bool, str | None], dict]:
+    doc = Document(0, "https://x/page", text)
+    return step.filter(doc), doc.metadata
+
+
+@pytest.mark.parametrize("page", CODE_HEAVY_ENGLISH, ids=lambda path: path.stem)
+def test_code_heavy_english_pages_are_kept(page):
+    # SQL sessions, prototypes, column tables: identified whole, lid.176 scores these English
+    # pages under 0.65 and the filter dropped them; their prose lines are plainly English
+    text = page.read_text(encoding="utf-8")
+    verdict, metadata = identify(LanguageFilter(LangIdConfig(prose_lines=False)), text)
+    assert verdict == (False, "language_score_too_low") and metadata["language"] == "en"
+    verdict, metadata = identify(LanguageFilter(), text)
+    assert verdict == (True, None)
+    assert metadata["language"] == "en" and metadata["language_score"] >= 0.65
+
+
+@pytest.mark.parametrize("page", CODE_HEAVY_JAPANESE, ids=lambda path: path.stem)
+def test_code_heavy_non_english_pages_stay_non_english(page):
+    text = page.read_text(encoding="utf-8")
+    step = LanguageFilter(LangIdConfig(languages=["en", "ja"]))
+    verdict, metadata = identify(step, text)
+    assert verdict == (True, None) and metadata["language"] == "ja" and metadata["language_score"] >= 0.65
+    assert identify(LanguageFilter(), text)[0] == (False, "language_not_kept")
+    # and so are its prose lines alone
+    assert LanguageFilter().predict(prose_text(text))[0] == "ja"
+
+
+def test_prose_lines_are_the_sentences_not_the_code():
+    text = (EXCERPTS / "en_sql_update_tutorial.txt").read_text(encoding="utf-8")
+    prose = prose_text(text)
+    assert "You can update existing rows using the UPDATE command." in prose
+    assert "Look at the new state of the data:" in prose
+    for code in ("SET temp_hi", "WHERE date > '1994-11-28';", "San Francisco", "1994-11-29", "(3 rows)"):
+        assert code in text and code not in prose
+    japanese = prose_text((EXCERPTS / "ja_man_bstring.txt").read_text(encoding="utf-8"))
+    assert "これらの関数はヌル終端する必要のない文字列 (バイト配列) の操作を行う。" in japanese
+    assert "size_t" not in japanese
+
+
+def test_the_prose_lines_decide_only_when_the_whole_text_is_unsure():
+    step = LanguageFilter()
+    page = (EXCERPTS / "en_sql_update_tutorial.txt").read_text(encoding="utf-8")
+    whole, prose = step.predict(page), step.predict(prose_text(page))
+    assert whole[1] < 0.65 <= prose[1]
+    assert step.identify(page) == prose
+    assert LanguageFilter(LangIdConfig(threshold=whole[1])).identify(page) == whole  # sure enough
+    assert LanguageFilter(LangIdConfig(prose_lines=False)).identify(page) == whole
+
+
+def test_a_page_with_too_little_prose_is_identified_whole():
+    page = (EXCERPTS / "en_sql_update_tutorial.txt").read_text(encoding="utf-8")
+    step = LanguageFilter(LangIdConfig(min_prose_chars=len(prose_text(page)) + 1))
+    assert step.identify(page) == step.predict(page)
+    code_only = "\n".join(line for line in page.splitlines() if line.strip() not in prose_text(page))
+    assert len(prose_text(code_only)) < LangIdConfig().min_prose_chars
+    assert step.predict(code_only)[1] < 0.65  # unsure, and no prose to retry on
+    assert LanguageFilter().identify(code_only) == step.predict(code_only)

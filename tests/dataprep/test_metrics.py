@@ -8,6 +8,8 @@ from lmforge.dataprep.stats import StepStats
 
 def test_counters_follow_design_names():
     metrics = DataprepMetrics()
+    samples = [line for line in generate_latest(metrics.registry).decode().splitlines() if not line.startswith("#")]
+    assert samples == []  # nothing recorded yet: no series at all, not zeros
     metrics.record([StepStats("langid", docs_in=10, docs_out=7, bytes_in=1000,
                               dropped=Counter({"language_not_kept": 3}))])
     text = generate_latest(metrics.registry).decode()
@@ -44,8 +46,9 @@ def test_worker_pushes_its_counters_to_a_pushgateway(tmp_path):
             inputs.append(tmp_path / f"in{seed}.warc.wet.gz")
             write_sample_wet(inputs[-1], 60, seed)
         gateway = f"127.0.0.1:{server.server_port}"
-        assert run_cli("run", "--input", *inputs, tmp_path / "missing.warc.wet.gz", "--output", tmp_path / "out",
-                       "--worker-index", 0, "--num-workers", 2, "--pushgateway", gateway) == 0
+        unreadable = "http://127.0.0.1:9/missing.warc.wet.gz"  # (a missing local path is refused up front)
+        assert run_cli("run", "--input", *inputs, unreadable, "--output", tmp_path / "out", "--worker-index", 0,
+                       "--num-workers", 2, "--pushgateway", gateway, "--set", "reader.open_retries=1") == 0
     finally:
         server.shutdown()
     assert len(pushes) == 1

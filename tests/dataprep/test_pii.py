@@ -53,11 +53,39 @@ def test_phone_numbers_are_replaced(number):
     assert doc.metadata["pii"] == {"phone": 1}
 
 
-@pytest.mark.parametrize("address", ["192.168.0.1", "8.8.8.8", "10.0.0.255", "255.255.255.255", "0.0.0.0"])
-def test_ipv4_addresses_are_replaced(address):
+PUBLIC_IPV4 = ["8.8.8.8", "93.184.216.34", "1.1.1.1", "172.32.0.1", "11.0.0.1", "192.169.0.1"]
+# RFC 1918, loopback, link-local, "this network", documentation (TEST-NET), multicast, reserved/netmask,
+# shared address space (RFC 6598)
+NON_PUBLIC_IPV4 = ["192.168.0.1", "10.0.0.255", "172.16.5.4", "172.31.255.254", "127.0.0.1", "169.254.10.20",
+                   "0.0.0.0", "192.0.2.44", "198.51.100.7", "224.0.0.251", "255.255.255.0", "255.255.255.255",
+                   "100.64.0.1"]
+
+
+@pytest.mark.parametrize("address", PUBLIC_IPV4)
+def test_public_ipv4_addresses_are_replaced(address):
     doc = scrub(f"The request came from {address}.")
     assert doc.text == "The request came from <IP_ADDRESS>."
     assert doc.metadata["pii"] == {"ipv4": 1}
+
+
+@pytest.mark.parametrize("address", NON_PUBLIC_IPV4)
+def test_private_and_reserved_ipv4_addresses_are_kept_unless_configured(address):
+    text = f"Set the router to {address} and reboot."
+    step = PIIScrubber(PIIConfig())
+    doc = step.transform(Document(0, "https://example.com/", text))
+    assert doc.text == text and "pii" not in doc.metadata
+    assert step.stats.counters == {"ipv4_kept_private": 1}
+    doc = scrub(text, ipv4_keep_private=False)
+    assert doc.text == "Set the router to <IP_ADDRESS> and reboot."
+    assert doc.metadata["pii"] == {"ipv4": 1}
+
+
+def test_a_router_manual_keeps_its_addresses_and_loses_the_public_one():
+    text = ("Open http://192.168.1.1/ (or 10.0.0.138 on older models), set the mask to 255.255.255.0 and "
+            "the DNS server to 8.8.8.8; the log shows the last login from 81.2.69.160.")
+    doc = scrub(text)
+    assert doc.text == text.replace("8.8.8.8", "<IP_ADDRESS>").replace("81.2.69.160", "<IP_ADDRESS>")
+    assert doc.metadata["pii"] == {"ipv4": 2}
 
 
 @pytest.mark.parametrize(
@@ -117,24 +145,25 @@ def test_counters_and_metadata_per_document():
     texts = [
         "Mail a@example.com or b@example.org, call 555-123-4567, card 4111 1111 1111 1111.",
         "Nothing personal here, just the year 2024.",
-        "Server 10.1.2.3 and 10.1.2.4 answered; bad card 4111 1111 1111 1112.",
+        "Server 93.184.216.34 and 93.184.216.35 answered, not 10.1.2.3; bad card 4111 1111 1111 1112.",
     ]
     docs = list(step.run(Document(i, "", text) for i, text in enumerate(texts)))
     assert docs[0].text == "Mail <EMAIL> or <EMAIL>, call <PHONE>, card <CREDIT_CARD>."
     assert docs[0].metadata["pii"] == {"email": 2, "phone": 1, "credit_card": 1}
     assert docs[1].text == texts[1] and "pii" not in docs[1].metadata
     assert docs[2].metadata["pii"] == {"ipv4": 2}
-    assert "4111 1111 1111 1112" in docs[2].text
+    assert "4111 1111 1111 1112" in docs[2].text and "10.1.2.3" in docs[2].text
     counters = step.stats.counters
-    assert counters == {"email": 2, "phone": 1, "credit_card": 1, "ipv4": 2, "docs_with_pii": 2}
+    assert counters == {"email": 2, "phone": 1, "credit_card": 1, "ipv4": 2, "docs_with_pii": 2,
+                        "ipv4_kept_private": 1}
     assert step.stats.docs_in == step.stats.docs_out == 3
     assert step.stats.bytes_out == sum(len(doc.text.encode()) for doc in docs)
 
 
 def test_kinds_can_be_switched_off_and_placeholders_changed():
-    text = "Mail a@example.com, call 555-123-4567, host 10.0.0.1, card 4111 1111 1111 1111."
+    text = "Mail a@example.com, call 555-123-4567, host 93.184.216.34, card 4111 1111 1111 1111."
     doc = scrub(text, emails=False, ipv4=False)
-    assert doc.text == "Mail a@example.com, call <PHONE>, host 10.0.0.1, card <CREDIT_CARD>."
+    assert doc.text == "Mail a@example.com, call <PHONE>, host 93.184.216.34, card <CREDIT_CARD>."
     doc = scrub(text, phones=False, credit_cards=False, email_placeholder="[mail]", ipv4_placeholder="[ip]")
     assert doc.text == "Mail [mail], call 555-123-4567, host [ip], card 4111 1111 1111 1111."
     doc = scrub(text, enabled=False)

@@ -181,7 +181,7 @@ def test_report_counts_add_up(two_worker_run):
         assert stage["docs_in"] - stage["docs_out"] == sum(stage["dropped"].values()), stage["name"]
     assert report["totals"]["kept_docs"] == stages["tokenize"]["docs_out"]
     assert report["languages"]["en"] > 0 and len(report["languages"]) >= 5
-    assert report["pii"].get("email", 0) > 0
+    assert report["pii"]["items_scrubbed"].get("email", 0) > 0
     assert sum(report["doc_length_tokens"]["counts"]) == report["totals"]["kept_docs"]
     html = (two_worker_run / "report.html").read_text()
     assert "gopher_quality" in html and "<svg" in html
@@ -205,4 +205,6 @@ def test_contaminated_documents_are_dropped(two_worker_run, eval_set):
     lineage_urls = {row["url"] for row in lineage_rows(out)}
     assert not set(contaminated_urls) & lineage_urls
     report = json.loads((out / "report.json").read_text())
-    assert report["contamination"] == {"eval:trivia": 3}
+    contamination = report["contamination"]
+    assert contamination["enabled"] and contamination["documents_removed"] == 3
+    assert contamination["documents_per_eval_set"] == {"trivia": 3}

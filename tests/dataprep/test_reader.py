@@ -14,16 +14,16 @@ def read(path, index=0):
     return reader, docs, bad
 
 
-def test_real_common_crawl_record_plain_and_gz(shared_fixtures):
+def test_real_common_crawl_record_plain_and_gz(fixtures_dir):
     for name in ("whirlwind.warc.wet", "whirlwind.warc.wet.gz"):
-        reader, docs, bad = read(shared_fixtures / name, index=3)
+        reader, docs, bad = read(fixtures_dir / name, index=3)
         assert bad == {}
         assert [d.url for d in docs] == ["https://an.wikipedia.org/wiki/Escopete"]
         assert docs[0].text.startswith("Escopete")
         assert split_doc_id(docs[0].doc_id) == (3, 0)
         assert docs[0].metadata["warc_date"] == "2024-05-18T01:58:10Z"
         assert reader.stats.docs_in == 1 and reader.stats.docs_out == 1  # warcinfo is not a document
-        assert reader.stats.counters["input_bytes"] == (shared_fixtures / name).stat().st_size
+        assert reader.stats.counters["input_bytes"] == (fixtures_dir / name).stat().st_size
 
 
 def test_wrong_content_length_drops_that_record_and_keeps_the_rest(tmp_path):
@@ -50,6 +50,7 @@ def test_truncated_gzip_keeps_complete_records(tmp_path):
     assert [d.url for d in docs] == ["https://t.example/0", "https://t.example/1"]
     assert bad == {"truncated_gzip": 1}
     assert reader.stats.dropped == {"truncated": 1}
+    assert accounted(reader)["docs_in"] == 3
 
 
 def test_non_utf8_body_is_dropped_not_mangled(tmp_path):
@@ -61,6 +62,7 @@ def test_non_utf8_body_is_dropped_not_mangled(tmp_path):
     reader, docs, bad = read(path)
     assert [d.url for d in docs] == ["https://u.example/ok", "https://u.example/ok2"]
     assert bad == {"non_utf8": 1} and reader.stats.dropped == {"non_utf8": 1}
+    assert accounted(reader)["docs_in"] == 3
 
 
 def test_empty_and_unreadable_inputs(tmp_path):
@@ -74,9 +76,9 @@ def test_empty_and_unreadable_inputs(tmp_path):
     assert docs == [] and bad == {"unreadable": 1}
 
 
-def test_record_ids_are_stable_across_resync(tmp_path, shared_fixtures):
+def test_record_ids_are_stable_across_resync(tmp_path, fixtures_dir):
     good = tmp_path / "good.wet"
-    shutil.copy(shared_fixtures / "whirlwind.warc.wet", good)
+    shutil.copy(fixtures_dir / "whirlwind.warc.wet", good)
     _, docs_a, _ = read(good)
     _, docs_b, _ = read(good)
     assert [d.doc_id for d in docs_a] == [d.doc_id for d in docs_b]
@@ -104,3 +106,79 @@ def test_a_dropped_record_keeps_its_doc_id(tmp_path):
     reader.reject_sink = lambda doc, stage, reason: seen.append((doc.doc_id, doc.url, reason))
     list(reader.read(str(path), 7))
     assert seen == [(make_doc_id(7, 1), "https://a.example/1", "bad_content_length")]
+
+
+def accounted(reader) -> dict:
+    """The read step's accounting, checked to add up: every conversion record met is kept or
+    rejected for a reason, every WARC record is a conversion record or counted as another type."""
+    stats = reader.stats
+    assert stats.docs_in == stats.docs_out + sum(stats.dropped.values())
+    assert stats.counters["records_read"] == stats.docs_in + stats.counters["records_not_conversion"]
+    return {"records_read": stats.counters["records_read"], "docs_in": stats.docs_in, "docs_out": stats.docs_out,
+            "dropped": dict(stats.dropped), "not_conversion": stats.counters["records_not_conversion"],
+            "unparseable_inputs": stats.counters["unparseable_inputs"]}
+
+
+def test_text_that_is_not_gzip_or_not_warc_is_unparseable_not_clean(tmp_path):
+    # warcio takes a line of five words for an old ARC record header and reads the file "cleanly"
+    text = b"hello there my dear friend\nThe quick brown fox jumps over the lazy dog.\n"
+    for name, kind in (("notes.warc.wet.gz", "not_gzip"), ("notes.warc.wet", "not_warc")):
+        (tmp_path / name).write_bytes(text)
+        reader, docs, bad = read(tmp_path / name)
+        assert docs == [] and bad == {kind: 1}, name
+        assert accounted(reader) == {"records_read": 0, "docs_in": 0, "docs_out": 0, "dropped": {},
+                                     "not_conversion": 0, "unparseable_inputs": 1}
+    html = b"<html><head><title>403 Forbidden</title></head><body>AccessDenied</body></html>\n"
+    (tmp_path / "denied.warc.wet.gz").write_bytes(html)
+    _, docs, bad = read(tmp_path / "denied.warc.wet.gz")
+    assert docs == [] and bad == {"not_gzip": 1}
+
+
+def test_records_dropped_while_resynchronising_are_counted_in(tmp_path):
+    for delta in (-25, +40):
+        records = [wet_record(f"https://a.example/{i}", english(i)) for i in range(3)]
+        records[1] = wet_record("https://a.example/1", english(1), content_length=len(english(1)) + delta)
+        for gz in (False, True):
+            path = tmp_path / (f"len{delta}.wet" + (".gz" if gz else ""))
+            path.write_bytes(b"".join(gz_member(r) if gz else r for r in records))
+            reader, docs, bad = read(path)
+            assert [d.url for d in docs] == ["https://a.example/0", "https://a.example/2"], (delta, gz)
+            assert accounted(reader) == {"records_read": 3, "docs_in": 3, "docs_out": 2,
+                                         "dropped": {"bad_content_length": 1}, "not_conversion": 0,
+                                         "unparseable_inputs": 0}, (delta, gz)
+            assert bad == {"bad_content_length": 1}
+
+
+def test_garbage_after_a_non_document_record_is_counted_once_and_nothing_is_read_twice(tmp_path):
+    records = [wet_record(f"https://a.example/{i}", english(i)) for i in range(2)]
+    records += [wet_record("https://info.example/", b"software: crawler", rec_type="warcinfo"),
+                b"this is not a warc record at all\r\n\r\n" * 3]
+    for gz in (False, True):
+        path = tmp_path / ("tail.wet" + (".gz" if gz else ""))
+        path.write_bytes(b"".join(gz_member(r) if gz else r for r in records))
+        reader, docs, bad = read(path)
+        assert [d.url for d in docs] == ["https://a.example/0", "https://a.example/1"], gz
+        assert bad == {"corrupt_record": 1}, gz
+        assert accounted(reader) == {"records_read": 3, "docs_in": 2, "docs_out": 2, "dropped": {},
+                                     "not_conversion": 1, "unparseable_inputs": 0}, gz
+
+
+def test_a_clean_file_accounts_for_every_record(fixtures_dir):
+    reader, docs, bad = read(fixtures_dir / "whirlwind.warc.wet.gz")
+    assert bad == {} and len(docs) == 1
+    assert accounted(reader) == {"records_read": 2, "docs_in": 1, "docs_out": 1, "dropped": {},
+                                 "not_conversion": 1, "unparseable_inputs": 0}
+
+
+def test_a_content_length_that_is_not_a_number_drops_that_record_only(tmp_path):
+    records = [wet_record(f"https://n.example/{i}", english(i)) for i in range(3)]
+    records[0] = records[0].replace(b"Content-Length: ", b"Content-Length: 12x", 1)
+    for gz in (False, True):
+        path = tmp_path / ("nan.wet" + (".gz" if gz else ""))
+        path.write_bytes(b"".join(gz_member(r) if gz else r for r in records))
+        reader, docs, bad = read(path)
+        assert [d.url for d in docs] == ["https://n.example/1", "https://n.example/2"], gz
+        assert bad == {"bad_content_length": 1}
+        assert accounted(reader) == {"records_read": 3, "docs_in": 3, "docs_out": 2,
+                                     "dropped": {"bad_content_length": 1}, "not_conversion": 0,
+                                     "unparseable_inputs": 0}, gz

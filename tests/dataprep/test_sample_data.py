@@ -91,8 +91,8 @@ def test_warcio_reads_every_record(tmp_path, name):
     assert summary.size_bytes == path.stat().st_size
 
 
-def test_records_have_the_header_layout_of_real_common_crawl_wet(tmp_path, shared_fixtures):
-    real = read_records(shared_fixtures / "whirlwind.warc.wet")
+def test_records_have_the_header_layout_of_real_common_crawl_wet(tmp_path, fixtures_dir):
+    real = read_records(fixtures_dir / "whirlwind.warc.wet")
     write_sample_wet(tmp_path / "s.warc.wet", 20, 2)
     ours = read_records(tmp_path / "s.warc.wet")
     real_conversion = next(r for r in real if r["type"] == "conversion")

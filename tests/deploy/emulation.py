@@ -1,4 +1,4 @@
-"""What a cluster does with the chart's objects, done on one machine (DESIGN.md "Real components":
+"""What a cluster does with the chart's objects, done on one machine (docs/design.md "Real components":
 the training operator's stand-in is "the rendered PyTorchJob's container commands run as local
 processes with the env the operator injects").
 

@@ -189,7 +189,8 @@ def test_s3_keys_and_api_keys_come_from_the_named_secrets():
     objects = list(rendered("multi-node-gpu"))
     for where, pod in all_pods("multi-node-gpu"):
         for c in containers(pod):
-            refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
+            refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"]
+                    if "secretKeyRef" in e.get("valueFrom", {})}  # the uploader's identity is a fieldRef
             assert refs == {"AWS_ACCESS_KEY_ID": {"name": "lmforge-s3", "key": "AWS_ACCESS_KEY_ID"},
                             "AWS_SECRET_ACCESS_KEY": {"name": "lmforge-s3", "key": "AWS_SECRET_ACCESS_KEY"}}, where
     (deployment,) = find(objects, "Deployment")
@@ -207,7 +208,7 @@ def test_s3_keys_and_api_keys_come_from_the_named_secrets():
     # The default set: no keys anywhere, pod identity for S3.
     for _, pod in all_pods("default"):
         for c in containers(pod):
-            assert not any("valueFrom" in e for e in c["env"])
+            assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in c["env"])
             assert not any("secret" in v for v in pod.get("volumes", []))
 
 

@@ -2,11 +2,13 @@
 runs them, then each step's real outcome checked independently of the demo's own summary:
 
 - the shards exist, match the manifest and decode back to text;
-- the resumed run's losses continue the interrupted run's curve exactly;
+- the resumed run's losses continue the interrupted run's curve exactly, both attempts in the
+  run's one metrics.jsonl, and the training report the summary links draws them;
 - the checkpoint in S3 verifies (restored through the uploader, every file's sha256 checked);
 - completions come back (with the demo key only), streamed too;
 - the canary passes against the recorded baseline, and its result is in the Pushgateway;
-- every dashboard panel's query returns data from Prometheus.
+- every dashboard panel's query returns data from Prometheus, and the page the summary links
+  draws a chart with data for each.
 
 And the demo as a command: interrupted, it stops everything it started and leaves no half-written
 step; killed outright, `lmforge-demo stop` ends what it left running."""
@@ -17,6 +19,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,12 +34,13 @@ from lmforge.common.checkpoint_layout import committed_steps, step_dir
 from lmforge.common.shards import open_shard, read_doc_ends
 from lmforge.common.storage import sha256_file
 from lmforge.demo.config import load_demo_config
-from lmforge.demo.dashboards import dashboard_queries, load_dashboards
+from lmforge.demo.dashboards import dashboard_queries, load_dashboards, query_panels, requires_of
 from lmforge.demo.platform import LocalPlatform
 from lmforge.demo.prometheus import query
 from lmforge.demo.steps.storage import s3_env
-from lmforge.demo.steps.train import read_records
+from lmforge.trainer.metrics_file import by_attempt, read_records
 from tests.canary.helpers import run_canary
+from tests.observability.page_charts import read_page
 from tests.prometheus_tools import pushed_value
 
 pytestmark = pytest.mark.slow
@@ -87,21 +91,48 @@ def test_shards_exist_and_decode(demo):
     assert (data / "report.html").stat().st_size > 0
     report = json.loads((data / "report.json").read_text())
     assert report["inputs"]["records"] == 2 * 600 and 0 < report["totals"]["kept_docs"] < 1200
+    # true after the step moved its output into place: a real wall time, no staging path
+    assert report["totals"]["wall_seconds"] > 0
+    assert ".staging" not in (data / "report.json").read_text() + (data / "report.html").read_text()
 
 
 def test_the_resumed_loss_continues_the_interrupted_curve(demo):
-    platform, _ = demo
+    platform, printed = demo
     train = platform.workdir / "train"
-    before = {r["step"]: r["loss"] for r in read_records(train / "attempt-1" / "metrics.jsonl", "step")}
-    after = {r["step"]: r["loss"] for r in read_records(train / "run" / "metrics.jsonl", "step")}
+    assert sorted(p.name for p in train.iterdir()) == ["run"]  # attempt 1's checkpoints went with its pod
+    records = read_records(train / "run" / "metrics.jsonl")
+    attempts = by_attempt(records)
+    assert sorted(attempts) == [1, 2]
+    before = {r["step"]: r["loss"] for r in attempts[1]}
+    after = {r["step"]: r["loss"] for r in attempts[2]}
     assert max(before) == 23  # killed on reaching step 24 (0-based)
     resumed_from = min(after) - 1
     assert resumed_from in (9, 19), "the resumed run starts after a checkpoint the uploader had uploaded"
+    starts = [(r["attempt"], r["resumed_from"]) for r in records if r["kind"] == "start"]
+    assert starts == [(1, None), (2, resumed_from)]
     assert max(after) == 29
     overlap = [s for s in after if s in before]
     assert overlap == list(range(resumed_from + 1, 24))
     assert [after[s] for s in overlap] == [before[s] for s in overlap]  # exactly, not approximately
     assert after[29] < before[0]
+    assert platform.summary["train"]["killed_by"] == "SIGKILL"
+    assert "attempt 1 killed by SIGKILL at step 24" in printed
+
+
+def test_the_summary_links_the_training_report(demo):
+    platform, printed = demo
+    report = Path(platform.summary["where"]["training_report"])
+    assert report == platform.workdir / "train" / "run" / "report.html" and str(report) in printed
+    text = report.read_text()
+    resumed_from = platform.summary["train"]["restored_step"]
+    for chart in ("loss", "lr", "grad_norm", "tokens_per_second"):
+        assert f'<svg class="chart" data-chart="{chart}"' in text, chart
+    assert '<p class="nodata" data-chart="mfu">n/a' in text  # CPU: no MFU
+    assert f'class="marker resume" data-step="{resumed_from}" data-attempt="2"' in text
+    for step in platform.summary["train"]["uploaded_steps"]:
+        assert f'class="marker checkpoint" data-step="{step}"' in text
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", text, re.I)
+    assert ".staging" not in text
 
 
 def test_the_checkpoint_in_s3_verifies(demo, tmp_path, monkeypatch):
@@ -155,6 +186,16 @@ def test_every_dashboard_query_returns_data(demo):
     prometheus = platform.monitoring.prometheus
     assert query(prometheus, 'max_over_time(lmforge_train_step[10m]) >= 9')
     assert query(prometheus, 'max_over_time(lmforge_uploader_last_uploaded_step[10m]) >= 9')
+
+
+def test_the_summary_links_a_page_drawing_every_dashboard_panel(demo):
+    platform, printed = demo
+    page = Path(platform.summary["where"]["dashboards"])
+    assert page == platform.workdir / "observe" / "dashboards.html" and str(page) in printed
+    drawn, _, _ = read_page(page.read_text())
+    panels = [p["title"] for d in load_dashboards().values() for p in query_panels(d) if requires_of(p) != "gpu"]
+    assert [p.title for p in drawn if p.requires != "gpu"] == panels
+    assert [p.title for p in drawn if p.requires != "gpu" and not (p.charts == 1 and p.points > 0)] == []
 
 
 # -- the demo as a command ---------------------------------------------------------------------------

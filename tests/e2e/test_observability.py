@@ -3,7 +3,8 @@ package) scraping a running inference server, a tiny training run's rank-0 endpo
 uploader sidecar and a Pushgateway fed by a data-prep run and the canary, evaluating the
 chart's own rules (rendered with a short window and `for: 0s`).
 
-1. every PromQL expression of every dashboard panel returns data;
+1. every PromQL expression of every dashboard panel returns data, and the dashboards page
+   (the demo's) draws a chart with data for every panel;
 2. the seed scenario: a good model and its canary baseline, then a worse model swapped in:
    the canary fails and LmforgeCanaryRegression fires in Prometheus;
 3. an engine slowdown fires LmforgeInferenceTTFTHigh; removing it resolves the alert."""
@@ -21,9 +22,11 @@ import httpx
 import pytest
 import yaml
 
-from lmforge.demo.dashboards import dashboard_queries, load_dashboards
+from lmforge.demo.dashboards import dashboard_queries, load_dashboards, query_panels, requires_of
+from lmforge.demo.dashboards_page import write_page
 from tests.canary.helpers import run_canary, write_eval_set
 from tests.helm_chart import find, render
+from tests.observability.page_charts import read_page
 from tests.ports import free_port
 from tests.processes import stop
 from tests.prometheus_tools import alerts, query, running_prometheus, running_pushgateway, static_job, targets_up
@@ -166,6 +169,27 @@ def test_every_dashboard_query_returns_data(stack):
                 empty.append(f"{name} / {title}: {expr}")
     assert stack["trainer"].poll() is None, "the training run ended early"
     assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_the_dashboards_page_draws_every_panel_with_data(stack, tmp_path):
+    """The demo's dashboards page (lmforge.demo.dashboards_page) from this Prometheus: one chart
+    with data points per panel, GPU-only panels excepted, legends from the panels' legendFormat."""
+    stack["inference"].traffic(8)
+    time.sleep(3)
+    end = time.time()
+    page = tmp_path / "dashboards.html"
+    write_page(page, stack["prometheus"], end - 300, end, 2.0, __rate_interval="10s", __interval="5s")
+    drawn, tags, attributes = read_page(page.read_text())
+    panels = [(p["title"], requires_of(p)) for d in load_dashboards().values() for p in query_panels(d)]
+    assert [(p.title, p.requires or None) for p in drawn] == panels
+    for panel in drawn:
+        if panel.requires == "gpu":
+            assert panel.charts == 0, panel
+        else:
+            assert panel.charts == 1 and panel.points > 0 and panel.paths and not panel.no_data, panel
+    requests = next(p for p in drawn if p.title == "Requests by status")
+    assert any(item.startswith("good 200 last ") and item.endswith(" req/s") for item in requests.legend)
+    assert "script" not in tags and not {a for _, a in attributes} & {"src", "href"}
 
 
 def test_a_worse_model_fails_the_canary_and_fires_the_regression_alert(stack):

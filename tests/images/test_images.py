@@ -36,7 +36,7 @@ SERVICES = ["dataprep", "trainer", "uploader", "inference", "canary"]
 TAG = "test"
 UID = "10001"
 
-# What each image runs, and distributions that must not be in it (DESIGN.md: a service
+# What each image runs, and distributions that must not be in it (docs/design.md: a service
 # depends only on what it uses).
 CLI = {"dataprep": "lmforge-dataprep", "trainer": "lmforge-train", "uploader": "lmforge-uploader",
        "inference": "lmforge-serve", "canary": "lmforge-canary"}

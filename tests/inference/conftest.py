@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from tests.serving import running_server, train_tiny_package
@@ -9,6 +12,19 @@ from tests.serving import running_server, train_tiny_package
 def tiny_package(tmp_path_factory):
     """The memorizing tiny model's serving package (trained once per session)."""
     return train_tiny_package(tmp_path_factory.mktemp("models") / "tiny-v1")
+
+
+@pytest.fixture(scope="session")
+def long_context_package(tiny_package, tmp_path_factory):
+    """The tiny model with a 65,536-token context: rotary positions make it the same model on
+    short prompts, and the context admits a prompt of close to a megabyte by its characters."""
+    package = tmp_path_factory.mktemp("models") / "tiny-long"
+    shutil.copytree(tiny_package, package)
+    meta = json.loads((package / "config.json").read_text())
+    assert meta["model"].get("positions", "rope") == "rope"
+    meta["model"]["context_length"] = 65536
+    (package / "config.json").write_text(json.dumps(meta))
+    return package
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ import time
 import httpx
 import pytest
 
+from lmforge.common.errors import ConfigError
+from lmforge.inference.auth import ApiKeys
 from tests.inference.metrics_text import sample_value
 from tests.serving import running_server
 
@@ -69,7 +71,7 @@ def test_a_client_that_disconnects_frees_its_slot(slow_server):
 
 def test_api_keys_from_a_file_with_rotation(tiny_package, tmp_path):
     keys = tmp_path / "api-keys"
-    keys.write_text("# mounted from a Secret\nkey-one\nkey-two\n")
+    keys.write_text("# mounted from a Secret\n  # an indented comment\n \t \nkey-one\n\tkey-two  \n")
     with running_server(tiny_package, f"api_keys_file={keys}") as url:
         body = {"prompt": "Bees", "max_tokens": 2}
 
@@ -82,6 +84,7 @@ def test_api_keys_from_a_file_with_rotation(tiny_package, tmp_path):
         assert status(authorization="Bearer key-three") == 401
         assert status(authorization="Basic key-one") == 401
         assert status(authorization="Bearer key-two") == 200
+        assert status(authorization="Bearer # an indented comment") == 401  # comments are never keys
         assert httpx.get(f"{url}/v1/models", headers={"authorization": "Bearer key-one"}).status_code == 200
         assert httpx.get(f"{url}/v1/models").status_code == 401
         for open_path in ("/healthz", "/readyz", "/metrics"):
@@ -89,3 +92,10 @@ def test_api_keys_from_a_file_with_rotation(tiny_package, tmp_path):
         keys.write_text("key-rotated\n")  # the Secret changed under the running pod
         assert status(authorization="Bearer key-one") == 401
         assert status(authorization="Bearer key-rotated") == 200
+
+
+def test_a_keys_file_of_comments_and_blank_lines_holds_no_keys(tmp_path):
+    keys = tmp_path / "api-keys"
+    keys.write_text("# keys go here\n   # indented: still a comment\n\t\n  \n")
+    with pytest.raises(ConfigError, match="holds no keys"):
+        ApiKeys(keys)

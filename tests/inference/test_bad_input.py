@@ -21,6 +21,14 @@ def post(url: str, body=None, **kwargs) -> httpx.Response:
     ({**GOOD, "max_tokens": 0}, 422, "max_tokens"),
     ({**GOOD, "max_tokens": 5000}, 422, "max_tokens"),  # above max_tokens_limit
     ({**GOOD, "max_tokens": "many"}, 422, "max_tokens"),
+    # No value changes type on the way in: a boolean is not 1, a string is not a number.
+    ({**GOOD, "max_tokens": True}, 422, "max_tokens"),
+    ({**GOOD, "max_tokens": "8"}, 422, "max_tokens"),
+    ({**GOOD, "seed": True}, 422, "seed"),
+    ({**GOOD, "logprobs": True}, 422, "logprobs"),
+    ({**GOOD, "temperature": True}, 422, "temperature"),
+    ({**GOOD, "top_p": True}, 422, "top_p"),
+    ({**GOOD, "stream": 1}, 422, "stream"),
     ({**GOOD, "temperature": -0.5}, 422, "temperature"),
     ({**GOOD, "temperature": 9}, 422, "temperature"),
     ({**GOOD, "top_p": 0}, 422, "top_p"),
@@ -40,6 +48,16 @@ def test_invalid_requests_are_refused_with_a_message(server, body, status, names
     error = response.json()["error"]
     assert names in error["message"] and error["code"] == status
     assert "Traceback" not in response.text
+
+
+@pytest.mark.parametrize("field, literal", [("temperature", "NaN"), ("temperature", "Infinity"), ("top_p", "NaN")])
+def test_a_number_that_is_not_finite_is_refused_as_such(server, field, literal):
+    url, _ = server
+    content = f'{{"prompt": "The sun", "max_tokens": 4, "{field}": {literal}}}'  # Python's json reads these
+    response = httpx.post(f"{url}/v1/completions", content=content, headers={"content-type": "application/json"},
+                          timeout=30)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["message"] == f"{field}: Input should be a finite number"
 
 
 def test_non_json_and_oversized_bodies(server):

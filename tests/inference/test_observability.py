@@ -1,16 +1,20 @@
-"""What operators see: the DESIGN.md metric names with values that match the traffic sent,
+"""What operators see: the docs/design.md metric names with values that match the traffic sent,
 request spans with queue → prefill → decode children, OTLP export to a collector, and the
 trace id in each request's log line."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from starlette.testclient import TestClient
 
+from lmforge.inference.api import create_app
 from lmforge.inference.config import ServeConfig
 from lmforge.inference.service import InferenceService
 from tests.inference.metrics_text import sample_value, samples
@@ -37,6 +41,12 @@ def test_metrics_match_the_traffic(tiny_package):
             generated += body["usage"]["completion_tokens"]
             prompt += body["usage"]["prompt_tokens"]
         assert httpx.post(f"{url}/v1/completions", json={"prompt": "x", "top_p": 5}).status_code == 422
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": "x" * (2 << 20)}).status_code == 413
+        counted = httpx.get(f"{url}/metrics").text
+        assert sample_value(counted, "lmforge_inference_requests_total", {"status": "413"}) == 1  # the body limit's
+        leave_mid_body(url)
+        wait_for(lambda: sample_value(httpx.get(f"{url}/metrics").text, "lmforge_inference_requests_total",
+                                      {"status": "499"}) == 1)
         text = httpx.get(f"{url}/metrics").text
 
     for name in DESIGN_NAMES:
@@ -44,6 +54,8 @@ def test_metrics_match_the_traffic(tiny_package):
     count = lambda name: sample_value(text, name + "_count", {"model_name": "tiny-v1"})  # noqa: E731
     assert sample_value(text, "lmforge_inference_requests_total", {"status": "200"}) == 5
     assert sample_value(text, "lmforge_inference_requests_total", {"status": "422"}) == 1
+    statuses = {s.labels["status"] for s in samples(text, "lmforge_inference_requests_total")}
+    assert statuses == {"200", "413", "422", "499"}  # the client that left mid-body: 499, not a 5xx
     assert sample_value(text, "lmforge_inference_generation_tokens_total") == generated
     assert sample_value(text, "lmforge_inference_prompt_tokens_total") == prompt
     for name in ("time_to_first_token_seconds", "request_latency_seconds", "queue_time_seconds",
@@ -59,6 +71,44 @@ def test_metrics_match_the_traffic(tiny_package):
     assert [(s.labels["version"], s.labels["step"], s.labels["device"], s.value) for s in info] == \
         [("tiny-v1", "300", "cpu", 1.0)]
     assert "gpu" not in text  # no GPU here: the series are absent, not zero
+
+
+def leave_mid_body(url: str) -> None:
+    """A client that announces a 1,000-byte body, sends 10 bytes and goes away."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"prompt\":")
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+ENGINE_GAUGES = ["lmforge_inference_requests_running", "lmforge_inference_requests_waiting",
+                 "lmforge_inference_kv_cache_usage_ratio"]
+
+
+def test_gauges_have_no_sample_until_they_have_a_value(tiny_package, tmp_path):
+    """While the model loads, or after it failed to, there is no engine: its gauges and model_info
+    are absent, not 0 (a dashboard must not show an idle engine that does not exist)."""
+    broken = InferenceService(ServeConfig(model=str(tmp_path / "nowhere")))
+    broken.load()
+    service = InferenceService(ServeConfig(model=str(tiny_package)))
+    with TestClient(create_app(service)) as client, TestClient(create_app(broken)) as broken_client:
+        for text in (client.get("/metrics").text, broken_client.get("/metrics").text):
+            for name in [*ENGINE_GAUGES, "lmforge_inference_model_info"]:
+                assert samples(text, name) == [], name
+        service.load()
+        text = client.get("/metrics").text
+    service.stop()
+    broken.stop()
+    for name in ENGINE_GAUGES:
+        assert [(s.labels, s.value) for s in samples(text, name)] == [({"model_name": "tiny-v1"}, 0.0)], name
+    assert [s.value for s in samples(text, "lmforge_inference_model_info")] == [1.0]
 
 
 def test_metrics_on_their_own_port(tiny_package):

@@ -3,10 +3,13 @@ multi-byte characters split across tokens, stop strings across token boundaries 
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from tokenizers import AddedToken, Tokenizer, normalizers, pre_tokenizers
 
 from lmforge.inference.text import Codec, TextStream
-from tests.serving import train_tokenizer
+from tests.serving import SENTENCES, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +36,54 @@ def test_a_stop_string_spanning_tokens_is_cut_and_never_shown(codec):
         if stream.stopped:
             break
     assert stream.stopped and shown == "The capital of France is Paris" and stream.flush() == ""
+
+
+# -- the characters one token can stand for (the prompt's character bound) -------------------------
+
+EOT = "<|endoftext|>"
+
+
+def random_texts(count: int, seed: int = 0):
+    """Texts mixing what makes tokens long or short: words, whitespace runs, multi-byte and astral
+    characters, end-of-text tokens and their fragments, arbitrary code points."""
+    rng = random.Random(seed)
+    pieces = [*" ".join(SENTENCES).split(), " ", "  ", "\n\n", "\t", "é", "日本", "🚀", EOT, "<|", "endoftext", "|>",
+              "=" * 40, "Grüße"]
+    for _ in range(count):
+        parts = [rng.choice(pieces) if rng.random() < 0.8 else chr(rng.choice([rng.randrange(32, 0xD800),
+                                                                                rng.randrange(0xE000, 0x110000)]))
+                 for _ in range(rng.randrange(1, 200))]
+        yield "".join(parts)
+
+
+def test_no_text_has_more_characters_than_its_tokens_can_span(codec):
+    assert codec.max_chars_per_token == len(EOT)  # the longest entry of the tiny tokenizer
+    texts = [*SENTENCES, EOT * 50, " " * 5000, "x" * 3000, *random_texts(300)]
+    for text in texts:
+        tokens = len(codec.encode(text))
+        assert len(text) <= tokens * codec.max_chars_per_token, text
+        assert codec.may_fit(text, tokens) and not codec.may_fit(text, len(text) // codec.max_chars_per_token - 1)
+
+
+def _variant(path, tmp_path, name, change) -> tuple[Codec, Tokenizer]:
+    tokenizer = Tokenizer.from_file(str(path))
+    change(tokenizer)
+    tokenizer.save(str(tmp_path / name))
+    return Codec(tmp_path / name), tokenizer
+
+
+@pytest.mark.parametrize("name, change, text", [
+    # A normalizer can delete characters: 4,000 spaces become no token at all.
+    ("normalizer", lambda t: setattr(t, "normalizer", normalizers.Replace(" ", "")), " " * 4000),
+    # A pre-tokenizer that drops whitespace, not byte-level.
+    ("whitespace", lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.Whitespace()), "a" + " " * 4000 + "b"),
+    # An added token that swallows the whitespace before it.
+    ("lstrip", lambda t: t.add_tokens([AddedToken("<sep>", lstrip=True)]), " " * 4000 + "<sep>"),
+])
+def test_no_bound_where_the_tokenizer_can_fold_many_characters_into_few(codec, tmp_path, name, change, text):
+    path = tmp_path / "base.json"
+    codec.tokenizer.save(str(path))
+    variant, tokenizer = _variant(path, tmp_path, f"{name}.json", change)
+    longest = max(map(len, tokenizer.get_vocab()))
+    assert len(text) > len(tokenizer.encode(text, add_special_tokens=False).ids) * longest  # why no bound holds
+    assert variant.max_chars_per_token is None and variant.may_fit(text, 1)

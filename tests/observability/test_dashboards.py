@@ -263,6 +263,12 @@ def test_the_exposed_name_list_is_real(service_metric_names):
     assert "lmforge_inference_requests" not in service_metric_names
 
 
+def test_the_design_document_names_every_exposed_metric(service_metric_names):
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    families = {re.sub(r"_(bucket|sum|count|created)$", "", name) for name in service_metric_names}
+    assert sorted(name for name in families if name not in design) == []
+
+
 def test_every_metric_in_every_expression_is_exposed_or_recorded(dashboards, service_metric_names,
                                                                  chart_recorded_names):
     known = service_metric_names | RECORDED | chart_recorded_names
@@ -303,7 +309,9 @@ def test_only_gpu_panels_may_be_skipped(dashboards):
     for name, dashboard in dashboards.items():
         for panel in query_panels(dashboard):
             requires = panel.get("lmforge", {}).get("requires")
-            gpu = any("_gpu_" in n for t in panel["targets"] for n in metric_names(t["expr"]))
+            # GPU series, and MFU (absent where the device's peak FLOP/s is unknown, as on CPU)
+            gpu = any("_gpu_" in n or n == "lmforge_train_mfu_ratio"
+                      for t in panel["targets"] for n in metric_names(t["expr"]))
             assert requires == ("gpu" if gpu else None), (name, panel["title"])
 
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from lmforge.trainer.checkpoint import COMMIT_MARKER, committed_steps, step_dir
+from lmforge.trainer.metrics_file import by_attempt, latest_per_step, read_records
 from tests.trainer.helpers import random_output, read_metrics
 
 STEPS = 20
@@ -73,6 +74,22 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(reference):
     got = losses_by_step(run_dir)
     assert sorted(got) == list(range(STEPS))
     assert max(abs(got[s] - expected[s]) for s in range(STEPS)) < 1e-6  # data order and dropout RNG too
+    # One metrics.jsonl for both attempts, each record stamped with its attempt.
+    records = read_records(run_dir / "metrics.jsonl")
+    starts = [(r["attempt"], r["resumed_from"], r["first_step"]) for r in records if r["kind"] == "start"]
+    resumed = starts[1][1]
+    assert starts == [(1, None, 0), (2, resumed, resumed + 1)] and resumed in (4, 9)
+    steps = by_attempt(records)
+    assert [r["step"] for r in steps[1]] == list(range(12))
+    assert [r["step"] for r in steps[2]] == list(range(resumed + 1, STEPS))
+    assert [(r["step"], r["attempt"]) for r in latest_per_step(records)] == [
+        (s, 1 if s <= resumed else 2) for s in range(STEPS)]
+    checkpoints = by_attempt(records, "checkpoint")
+    assert [r["step"] for r in checkpoints[1]] in ([4], [4, 9])
+    assert [r["step"] for r in checkpoints[2]] == [s for s in (9, 14, 19) if s > resumed]
+    assert [(r["attempt"], r["status"]) for r in records if r["kind"] == "end"] == [(2, "finished")]  # 1 was killed
+    report = (run_dir / "report.html").read_text()
+    assert f'class="marker resume" data-step="{resumed}" data-attempt="2"' in report
 
 
 def test_half_written_checkpoint_is_ignored(reference):
@@ -123,3 +140,6 @@ def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(reference_with
     assert sorted(got) == list(range(STEPS))
     assert max(abs(got[s] - expected[s]) for s in range(STEPS)) < 1e-4
     assert committed_steps(run_dir / "checkpoints") == [9, 14, 19]
+    # torchrun's restart is the file's second attempt
+    starts = read_records(run_dir / "metrics.jsonl", "start")
+    assert [(r["attempt"], r["restart_count"], r["world_size"]) for r in starts] == [(1, 0, 2), (2, 1, 2)]

@@ -1,4 +1,4 @@
-"""Training telemetry: the Prometheus endpoint on rank 0 with DESIGN.md's names and per-rank
+"""Training telemetry: the Prometheus endpoint on rank 0 with docs/design.md's names and per-rank
 gauges, step records (MFU, mixture, per-rank figures), FSDP's memory saving over DDP, and
 a hung peer ending the job at the collective timeout."""
 
@@ -63,8 +63,8 @@ def test_rank_zero_serves_design_metrics_with_per_rank_gauges(tmp_path, data):
                 samples = scrape(port)
             except OSError:
                 samples = {}
-            if samples and samples["lmforge_train_last_checkpoint_step"][0].value >= 1 \
-                    and samples["lmforge_train_step"][0].value >= 5:
+            if [s.value for s in samples.get("lmforge_train_last_checkpoint_step", []) if s.value >= 1] \
+                    and [s.value for s in samples.get("lmforge_train_step", []) if s.value >= 5]:
                 break
             assert process.poll() is None, process.communicate()[1][-3000:]
             time.sleep(0.2)
@@ -79,6 +79,56 @@ def test_rank_zero_serves_design_metrics_with_per_rank_gauges(tmp_path, data):
     for name in ("lmforge_train_step_seconds", "lmforge_train_data_wait_seconds", "lmforge_train_peak_memory_bytes"):
         assert sorted(s.labels["rank"] for s in samples[name]) == ["0", "1"], name
     assert min(s.value for s in samples["lmforge_train_peak_memory_bytes"]) > 10 * 2**20
+
+
+STEP_RECORD = {"step": 41, "loss": 2.75, "grad_norm": 0.5, "lr": 3e-4, "tokens_per_second": 1234.0, "mfu": None}
+PER_RANK = [{"step_seconds": 0.25, "data_wait_seconds": 0.01, "peak_memory_bytes": 2**20}]
+UNKNOWN_AT_START = ["lmforge_train_step", "lmforge_train_loss", "lmforge_train_val_loss", "lmforge_train_grad_norm",
+                    "lmforge_train_learning_rate", "lmforge_train_tokens_per_second", "lmforge_train_mfu_ratio",
+                    "lmforge_train_last_checkpoint_step", "lmforge_train_checkpoint_stall_seconds"]
+
+
+def test_gauges_are_absent_until_the_trainer_knows_them():
+    """A scrape before the first step (a start, a slow restore) shows no gauge sample: a 0 would
+    pull lmforge:train_loss:avg_30m down and fire the loss-spike alert when training resumes."""
+    from prometheus_client import generate_latest
+
+    from lmforge.trainer.metrics import TrainMetrics
+    from tests.prometheus_tools import registry_samples
+
+    metrics = TrainMetrics()
+    text = generate_latest(metrics.registry).decode()
+    assert all(f"# TYPE {name} gauge" in text for name in UNKNOWN_AT_START)  # the names stay exposed
+    assert [name for name in UNKNOWN_AT_START if name in registry_samples(metrics.registry)] == []
+
+    metrics.observe_step(STEP_RECORD, PER_RANK)
+    samples = registry_samples(metrics.registry)
+    assert {name: samples.get(name) for name in UNKNOWN_AT_START} == {
+        "lmforge_train_step": 41, "lmforge_train_loss": 2.75, "lmforge_train_grad_norm": 0.5,
+        "lmforge_train_learning_rate": 3e-4, "lmforge_train_tokens_per_second": 1234.0,
+        "lmforge_train_mfu_ratio": None,  # no known peak FLOP/s: never a made-up 0
+        "lmforge_train_val_loss": None, "lmforge_train_checkpoint_stall_seconds": None,
+        "lmforge_train_last_checkpoint_step": -1,  # a step ran and no checkpoint was restored: none yet
+    }
+
+    metrics.val_loss.set(3.5)
+    metrics.checkpoint_stall.set(0.125)
+    metrics.observe_step({**STEP_RECORD, "step": 42, "mfu": 0.3}, PER_RANK)
+    samples = registry_samples(metrics.registry)
+    assert (samples["lmforge_train_val_loss"], samples["lmforge_train_checkpoint_stall_seconds"],
+            samples["lmforge_train_mfu_ratio"], samples["lmforge_train_step"]) == (3.5, 0.125, 0.3, 42)
+
+
+def test_a_resumed_run_shows_its_restored_checkpoint_never_minus_one():
+    """Run reports the restored checkpoint's step before the first step; the first step keeps it."""
+    from lmforge.trainer.metrics import TrainMetrics
+    from tests.prometheus_tools import registry_samples
+
+    metrics = TrainMetrics()
+    metrics.last_checkpoint.set(40)
+    assert registry_samples(metrics.registry)["lmforge_train_last_checkpoint_step"] == 40
+    metrics.observe_step(STEP_RECORD, PER_RANK)
+    assert registry_samples(metrics.registry)["lmforge_train_last_checkpoint_step"] == 40
 
 
 def test_step_records_carry_mfu_memory_and_the_realized_mixture(tmp_path):

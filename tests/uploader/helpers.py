@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +52,8 @@ def files_of(path: Path) -> dict[str, bytes]:
     return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-def in_process_uploader(local: Path, dest: str, endpoint_url: str | None = None, **config):
-    """A started CheckpointUploader in this process (tests drive it with run_once())."""
+def in_process_uploader(local: Path, dest: str, endpoint_url: str | None = None, *, start: bool = True, **config):
+    """A CheckpointUploader in this process, started unless start=False (tests drive it with run_once())."""
     from lmforge.uploader.config import UploaderConfig
     from lmforge.uploader.objectstore import open_destination
     from lmforge.uploader.retry import RetryPolicy
@@ -61,5 +63,32 @@ def in_process_uploader(local: Path, dest: str, endpoint_url: str | None = None,
     retry = RetryPolicy(config.transfer.max_attempts, config.transfer.backoff_seconds,
                         config.transfer.backoff_max_seconds)
     uploader = CheckpointUploader(local, open_destination(dest, config.transfer, retry, endpoint_url), config)
-    uploader.start()
+    if start:
+        uploader.start()
     return uploader
+
+
+def objects(client, bucket: str) -> dict[str, dict]:
+    return {o["Key"]: o for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+
+def store_state(client, bucket: str) -> list[int]:
+    """Asserts that every manifest's files exist with its sizes and sha256 and that no
+    multipart upload is open; returns the steps with a manifest."""
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    steps = []
+    for key in sorted(k for k in objects(client, bucket) if k.endswith("/MANIFEST.json")):
+        manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        base = key[: -len("MANIFEST.json")]
+        for entry in manifest["files"]:
+            body = client.get_object(Bucket=bucket, Key=base + entry["path"])["Body"].read()
+            assert (len(body), hashlib.sha256(body).hexdigest()) == (entry["size"], entry["sha256"]), key
+        steps.append(manifest["step"])
+    return steps
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -3,7 +3,6 @@ flaky requests, a killed sidecar, SIGTERM mid-upload, corrupted objects, and loc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -12,36 +11,20 @@ import time
 
 from lmforge.common.checkpoint_layout import UPLOADED_MARKER, committed_steps, step_dir
 from tests.uploader.fault_proxy import FaultProxy
-from tests.uploader.helpers import fake_checkpoint, in_process_uploader, run_uploader, small_parts, uploader_command
+from tests.uploader.helpers import (
+    fake_checkpoint,
+    files_of,
+    in_process_uploader,
+    objects,
+    run_uploader,
+    small_parts,
+    store_state,
+    uploader_command,
+    wait_for,
+)
 
 PREFIX = "runs/r1/checkpoints/"
 QUICK_RETRIES = {"part_size_mb": 5, "backoff_seconds": 0.01, "backoff_max_seconds": 0.1}
-
-
-def objects(client, bucket: str) -> dict[str, dict]:
-    return {o["Key"]: o for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])}
-
-
-def store_state(client, bucket: str) -> list[int]:
-    """Asserts that every manifest's files exist with its sizes and sha256 and that no
-    multipart upload is open; returns the steps with a manifest."""
-    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
-    steps = []
-    for key in sorted(k for k in objects(client, bucket) if k.endswith("/MANIFEST.json")):
-        manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-        base = key[: -len("MANIFEST.json")]
-        for entry in manifest["files"]:
-            body = client.get_object(Bucket=bucket, Key=base + entry["path"])["Body"].read()
-            assert (len(body), hashlib.sha256(body).hexdigest()) == (entry["size"], entry["sha256"]), key
-        steps.append(manifest["step"])
-    return steps
-
-
-def wait_for(predicate, timeout: float = 60, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_twenty_percent_failing_requests_still_deliver_every_checkpoint_intact(s3, tmp_path):
@@ -80,6 +63,8 @@ def test_twenty_percent_failing_requests_still_deliver_every_checkpoint_intact(s
 
 
 def test_a_killed_sidecar_resumes_without_resending_finished_checkpoints(s3, tmp_path):
+    """The sidecar container is killed and restarted in the same pod (same identity): the
+    restarted one aborts its predecessor's open uploads at once."""
     endpoint, make_bucket = s3
     client = make_bucket("killed")
     local = tmp_path / "ckpt"
@@ -88,7 +73,7 @@ def test_a_killed_sidecar_resumes_without_resending_finished_checkpoints(s3, tmp
     with FaultProxy(endpoint, delay=1.0, delay_seconds=0.25, methods={"PUT", "POST"}) as proxy:
         sidecar = subprocess.Popen(uploader_command("watch", "--dir", str(local), "--dest", "s3://killed/runs/r1",
                                                     "--endpoint-url", proxy.url, *small_parts(),
-                                                    "--set", "transfer.concurrency=1"),
+                                                    "--set", "transfer.concurrency=1", "--set", "identity=pod-0"),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             wait_for(lambda: f"{PREFIX}step-00000001/MANIFEST.json" in objects(client, "killed"), what="step 1")
@@ -104,7 +89,7 @@ def test_a_killed_sidecar_resumes_without_resending_finished_checkpoints(s3, tmp
     assert sent_whole
     time.sleep(1.1)  # LastModified has one-second resolution
     result = run_uploader("watch", "--dir", str(local), "--dest", "s3://killed/runs/r1", "--exit-when-done",
-                          *small_parts())
+                          *small_parts(), "--set", "identity=pod-0")
     assert result.returncode == 0, result.stderr
     after = objects(client, "killed")
     assert store_state(client, "killed") == [1, 2, 3]
@@ -135,6 +120,7 @@ def test_sigterm_mid_upload_ends_within_the_grace_period_with_nothing_half_publi
     assert sidecar.returncode == 0, stderr
     assert elapsed < 1 + 0.5 + 3  # grace, one request in flight, process exit
     assert store_state(client, "sigterm") == []  # no manifest, no open multipart upload
+    assert not [k for k in objects(client, "sigterm") if "/.uploaders/" in k]  # its lease released too
     assert '"upload_cancelled"' in stdout
 
 
@@ -196,6 +182,39 @@ def test_restore_skips_a_corrupted_checkpoint_for_the_previous_good_one(s3, tmp_
     assert not [p for p in (tmp_path / "back").iterdir() if p.name.startswith(".restore")]
     asked = run_uploader("restore", "--src", "s3://corrupt/runs/r1", "--dir", str(tmp_path / "b2"), "--step", "9")
     assert asked.returncode != 0 and "corrupt" in asked.stderr
+
+
+def test_restore_verifies_a_present_local_copy_and_replaces_a_corrupt_one(s3, tmp_path):
+    """A persistent volume keeps the pod's own committed copy: restore trusts it only if it
+    matches the store's manifest, and otherwise brings the store's copy in its place."""
+    _, make_bucket = s3
+    make_bucket("present")
+    local = tmp_path / "ckpt"
+    for step in (4, 9):
+        fake_checkpoint(local, step, sizes=(6 << 20, 100))
+    uploader = in_process_uploader(local, "s3://present/runs/r1", transfer=QUICK_RETRIES)
+    assert uploader.run_once() == [4, 9]
+    uploader.close()
+    good = files_of(step_dir(local, 9))
+
+    def restore() -> subprocess.CompletedProcess:
+        result = run_uploader("restore", "--src", "s3://present/runs/r1", "--dir", str(local), *small_parts())
+        assert result.returncode == 0, result.stderr
+        assert committed_steps(local) == [4, 9]
+        assert files_of(step_dir(local, 9)) == good
+        return result
+
+    assert '"restore_present_mismatch"' not in restore().stdout  # a good copy is kept as it is
+    shard = step_dir(local, 9) / "__0_0.distcp"
+    with open(shard, "r+b") as fh:
+        fh.truncate(4 << 20)  # a truncated shard
+    assert "4194304 bytes, the manifest says 6291456" in restore().stdout
+    body = bytearray(shard.read_bytes())
+    body[12345] ^= 0xFF  # same size, one flipped byte
+    shard.write_bytes(bytes(body))
+    assert "sha256 does not match the manifest" in restore().stdout
+    (step_dir(local, 9) / "__1_0.distcp").unlink()  # a missing file
+    assert "__1_0.distcp: missing" in restore().stdout
 
 
 def test_a_restarted_sidecar_trusts_a_matching_manifest_and_frees_disk(s3, tmp_path):

@@ -220,9 +220,19 @@ Conventions:
 - name: lmforge.training.alerts
   rules:
     - alert: LmforgeTrainingStalled
-      # While rank 0 is up (the job runs), the step counter has not moved.
+      # While rank 0 is up (the job runs), the step counter has not moved; or rank 0 was up a
+      # window ago too and no step at all since: lmforge_train_step is absent until the first
+      # step, so a start or a restore that hangs before it has no series for changes() to read.
       expr: |
-        changes(lmforge_train_step[{{ $t.stalled.window }}]) == 0
+        (
+            changes(lmforge_train_step[{{ $t.stalled.window }}]) == 0
+          or on (job, instance)
+            (
+                up{job="lmforge-trainer"} offset {{ $t.stalled.window }} == 1
+              unless on (job, instance)
+                present_over_time(lmforge_train_step[{{ $t.stalled.window }}])
+            )
+        )
         and on (job, instance)
         up{job="lmforge-trainer"} == 1
       for: {{ $override | default $t.stalled.for }}
@@ -273,8 +283,8 @@ Conventions:
           and restart from the last checkpoint if the loss has diverged.
         {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeTrainingNonFiniteSteps") }}
     - alert: LmforgeTrainingMFULow
-      # 0 means the trainer does not know its device's peak FLOP/s (CPU, unknown GPU): ignored.
-      expr: lmforge_train_mfu_ratio < {{ $t.mfu.floor }} and lmforge_train_mfu_ratio > 0
+      # A trainer that does not know its device's peak FLOP/s (CPU, unknown GPU) exports no MFU.
+      expr: lmforge_train_mfu_ratio < {{ $t.mfu.floor }}
       for: {{ $override | default $t.mfu.for }}
       labels:
         severity: info

@@ -30,7 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lmforge_pipelines.compile", description=__doc__)
     parser.add_argument("--output", default="build/pipelines", help="directory for data.yaml and train.yaml")
     args = parser.parse_args(argv)
-    for path in compile_all(args.output):
+    try:
+        written = compile_all(args.output)
+    except OSError as exc:  # an output that cannot be written: one line and exit 4, like every lmforge CLI
+        from lmforge.common.errors import report_failure
+        from lmforge.common.logging import get_logger
+
+        return report_failure(get_logger("pipelines"), parser.prog, exc)
+    for path in written:
         sys.stdout.write(f"wrote {path}\n")
     return 0
 

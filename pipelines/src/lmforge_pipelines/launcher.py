@@ -38,7 +38,7 @@ from lmforge_pipelines.images import image
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 RUN_ANNOTATION = "lmforge.io/run"
-MANIFEST = "MANIFEST.json"  # written last by the uploader: no manifest, no checkpoint (DESIGN.md)
+MANIFEST = "MANIFEST.json"  # written last by the uploader: no manifest, no checkpoint (docs/design.md)
 LOG_TAIL_LINES = 80
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
@@ -205,7 +205,10 @@ def _pod_template(job: TrainingJob, s: PodSettings, role: str) -> dict:
             {"name": "uploader", **common, "restartPolicy": "Always",
              "args": ["watch", "--dir", checkpoint_dir, "--dest", store, "--set",
                       f"metrics_port={s.uploader_metrics_port}", "--set", f"grace_seconds={s.uploader_grace_seconds}"],
-             "ports": [{"name": "uploader-metrics", "containerPort": s.uploader_metrics_port, "protocol": "TCP"}]},
+             "ports": [{"name": "uploader-metrics", "containerPort": s.uploader_metrics_port, "protocol": "TCP"}],
+             # the sidecar's lease in the store is named after its pod (uploader/lease.py)
+             "env": [*_env(s), {"name": "LMFORGE_UPLOADER__IDENTITY",
+                                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
         ]
     resources = json.loads(json.dumps(s.resources))
     if gpus:

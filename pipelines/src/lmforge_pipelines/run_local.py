@@ -35,12 +35,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=2, help="torchrun processes (FSDP when more than one)")
     parser.add_argument("--run-name", default="local")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except OSError as exc:  # a workdir that cannot be written: one line and exit 4, like every lmforge CLI
+        from lmforge.common.errors import report_failure
+        from lmforge.common.logging import get_logger
 
+        return report_failure(get_logger("pipelines"), parser.prog, exc)
+
+
+def _run(args: argparse.Namespace) -> int:
     from kfp import local
 
     from lmforge_pipelines.data_pipeline import data_pipeline
 
     workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)  # here, not inside a pipeline task
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "kfp"))
     data = data_pipeline(crawl=args.crawl, shards=args.shards, docs_per_shard=args.docs_per_shard, workers=args.workers,
                          languages=args.languages, output=str(workdir / "data"), finalize_processes=args.workers,

@@ -16,7 +16,7 @@ from lmforge.canary.evalset import EvalSet, load_eval_set
 from lmforge.canary.evaluate import EvalResult, evaluate
 from lmforge.canary.metrics import PushError, build_registry, push
 from lmforge.canary.report import render
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import CLI_ERRORS, as_lmforge_error
 from lmforge.common.logging import get_logger
 
 EXIT_PASS = 0
@@ -29,7 +29,8 @@ EXIT_CODES = """exit codes:
   2   bad configuration or flags; the endpoint refused the API key (401/403)
   3   bad input: the eval set or the baseline file is invalid, or the baseline was recorded
       with another eval set, or the endpoint rejected an eval item (400/422)
-  4   the endpoint (or the baseline's store) cannot be reached or keeps failing; a failed
+  4   the endpoint (or the baseline's store) cannot be reached or keeps failing; a local
+      file cannot be written or read (disk full, a file where a directory belongs); a failed
       push when push.required is true and the run passed (otherwise a failed push is
       logged and shown, and the exit code is the verdict's)
   70  internal error (a bug; the trace is in the log)"""
@@ -131,7 +132,8 @@ def main(argv=None) -> int:
     try:
         config = load_canary_config(args.config, args.set)
         return run(args, config) if args.command == "run" else make_baseline(args, config)
-    except LmforgeError as exc:
+    except CLI_ERRORS as exc:
+        exc = as_lmforge_error(exc)  # an OSError (a full disk, say) is a storage error: 4
         # 1 means "regression" only: an untyped LmforgeError (exit_code 1) counts as internal.
         code = EXIT_INTERNAL if exc.exit_code == EXIT_REGRESSION else exc.exit_code
         log.error("failed", command=args.command, error=str(exc), kind=type(exc).__name__, exit_code=code)

@@ -1,4 +1,4 @@
-"""The canary's Prometheus metrics (DESIGN.md names), pushed to a Pushgateway once per run.
+"""The canary's Prometheus metrics (docs/design.md names), pushed to a Pushgateway once per run.
 
 Gauges, in a fresh registry per run:
 - lmforge_canary_passed                      1 pass, 0 regression (alert: == 0)

@@ -1,4 +1,4 @@
-"""The serving package `lmforge-train export` writes and inference loads (DESIGN.md):
+"""The serving package `lmforge-train export` writes and inference loads (docs/design.md):
 
     model.safetensors   consolidated weights (the tied output head is not stored twice)
     config.json         {"model": GPTConfig fields, "tokenizer_sha256", "step", "format_version"}
@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from lmforge.common.errors import InputError
+from lmforge.common.errors import InputError, StorageError
 from lmforge.common.model import GPT, GPTConfig
-from lmforge.common.storage import S3Store, local_path_of, scheme_of
+from lmforge.common.storage import S3Store, atomic_dir, chmod_as_plain_write, local_path_of, scheme_of
 
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
@@ -32,25 +30,20 @@ def package_state(model: GPT) -> dict:
 def write_package(model: GPT, tokenizer: str | Path, output: str | Path, *, step: int) -> Path:
     """Write the package into a staging directory beside `output`, then rename it into place:
     a reader never sees half a package."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tokenizer, output = Path(tokenizer), Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
-    try:
-        save_file(package_state(model), str(staging / WEIGHTS), metadata={"format": "pt"})
+    with atomic_dir(output) as staging:
+        try:
+            save_file(package_state(model), str(staging / WEIGHTS), metadata={"format": "pt"})
+        except SafetensorError as exc:  # its I/O errors (disk full) are not OSErrors
+            raise StorageError(f"cannot write {output / WEIGHTS}: {exc}") from exc
+        chmod_as_plain_write(staging / WEIGHTS)  # safetensors makes it 0600: servers run as another user
         shutil.copyfile(tokenizer, staging / TOKENIZER)
         meta = {"format_version": FORMAT_VERSION, "model": model.config.model_dump(),
                 "tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(), "step": step}
         (staging / CONFIG).write_text(json.dumps(meta, indent=1))
-        for path in (staging, *staging.iterdir()):  # mkdtemp makes 0700: servers run as another user
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return output
 
 

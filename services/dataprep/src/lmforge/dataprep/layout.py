@@ -1,6 +1,6 @@
 """Where every artifact of a data-prep run lives, relative to the output root.
 
-Final artifacts (DESIGN.md): shards/, tokenizer.json, manifest.json, lineage/, rejects/,
+Final artifacts (docs/design.md): shards/, tokenizer.json, manifest.json, lineage/, rejects/,
 report.json, report.html. Intermediate state for resuming and for the global stages
 lives under work/.
 """
@@ -18,6 +18,7 @@ DEDUP_REMOVED = "work/dedup/removed.npz"
 DEDUP_STATS = "work/stats/global_dedup.json"
 TOKENIZER_STATS = "work/stats/global_tokenizer.json"
 SHARD_STATS = "work/stats/global_shards.json"
+TIMINGS = "work/timings"  # <phase>/<host>-<pid>-<start>.json: each process's part of a phase (timings.py)
 
 
 def docs(i: int) -> str:

@@ -1,4 +1,4 @@
-"""Prometheus counters of a data-prep process (DESIGN.md names), fed from step stats.
+"""Prometheus counters of a data-prep process (docs/design.md names), fed from step stats.
 
 Workers of an Indexed Job are batch processes: they push to a Pushgateway when given one
 (grouped by job and worker index), and can also serve /metrics while they run."""

@@ -8,6 +8,7 @@ HTML-escaped before it is written.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -380,40 +381,42 @@ def _stat(value: str, label: str, css: str = "") -> str:
 @dataclass(frozen=True)
 class Stage:
     name: str
+    phase: str
     docs_in: int
     docs_out: int
-    bytes_in: int
-    bytes_out: int
-    seconds: float
-    cpu_seconds: float
+    text_bytes_in: int | None  # None: the stage moves no text (shards)
+    text_bytes_out: int | None
+    worker_seconds: float
     dropped: dict[str, int]
     counters: dict[str, int]
     drop_rate: float
-    docs_per_second: float
-    mb_per_second: float
+    docs_per_worker_second: float
+    text_mb_per_worker_second: float | None
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
 
 
 def _stage(raw: Any) -> Stage:
     data = _mapping(raw)
     docs_in, docs_out = _int(data.get("docs_in")), _int(data.get("docs_out"))
-    seconds = _num(data.get("seconds"))
-    bytes_in = _int(data.get("bytes_in"))
+    seconds = _num(data.get("worker_seconds"))
+    text_in = _optional_int(data.get("text_bytes_in"))
     drop_rate = data.get("drop_rate")
-    docs_per_second = data.get("docs_per_second")
-    mb_per_second = data.get("mb_per_second")
     return Stage(
         name=str(data.get("name", "?")),
+        phase=str(data.get("phase", "")),
         docs_in=docs_in,
         docs_out=docs_out,
-        bytes_in=bytes_in,
-        bytes_out=_int(data.get("bytes_out")),
-        seconds=seconds,
-        cpu_seconds=_num(data.get("cpu_seconds")),
+        text_bytes_in=text_in,
+        text_bytes_out=_optional_int(data.get("text_bytes_out")),
+        worker_seconds=seconds,
         dropped={str(k): _int(v) for k, v in _mapping(data.get("dropped")).items()},
         counters={str(k): _int(v) for k, v in _mapping(data.get("counters")).items()},
         drop_rate=_num(drop_rate) if drop_rate is not None else _ratio(docs_in - docs_out, docs_in),
-        docs_per_second=_num(docs_per_second) if docs_per_second is not None else _ratio(docs_in, seconds),
-        mb_per_second=_num(mb_per_second) if mb_per_second is not None else _ratio(bytes_in / 1e6, seconds),
+        docs_per_worker_second=_ratio(docs_in, seconds),
+        text_mb_per_worker_second=None if text_in is None else _ratio(text_in / 1e6, seconds),
     )
 
 
@@ -429,15 +432,30 @@ def _funnel_base(stages: list[Stage]) -> float:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _input_files_label(inputs: Mapping[str, Any]) -> str:
+    """What the input file bytes are: compressed when they all come from gzip files."""
+    total, gzip = _int(inputs.get("file_bytes")), _int(inputs.get("gzip_file_bytes"))
+    if total and gzip == total:
+        return "compressed input (gzip files)"
+    if gzip:
+        return f"input files as stored ({fmt_bytes(gzip)} of it gzip-compressed)"
+    return "input files as stored (uncompressed)"
+
+
+def _output_text(output: Any) -> str:
+    return "this report's directory" if output in (".", "") else str(output)
+
+
 def _header(report: Mapping[str, Any]) -> str:
     inputs = _mapping(report.get("inputs"))
     totals = _mapping(report.get("totals"))
-    input_bytes = totals.get("input_bytes") or inputs.get("bytes")
     records = _int(inputs.get("records"))
     kept_docs = _int(totals.get("kept_docs"))
+    wall = totals.get("wall_seconds")
     flow = (
         '<div class="flow">'
-        f'<div class="big"><div class="v">{_esc(fmt_bytes(input_bytes))}</div><div class="k">input</div></div>'
+        f'<div class="big"><div class="v">{_esc(fmt_bytes(totals.get("input_file_bytes")))}</div>'
+        f'<div class="k">{_esc(_input_files_label(inputs))}</div></div>'
         '<div class="arrow">\u2192</div>'
         f'<div class="big"><div class="v">{_esc(fmt_count(kept_docs))}</div><div class="k">kept docs'
         f" ({_esc(fmt_pct(_ratio(kept_docs, records)))} of {_esc(fmt_count(records))} records)</div></div>"
@@ -449,19 +467,20 @@ def _header(report: Mapping[str, Any]) -> str:
     stats = "".join(
         [
             _stat(fmt_count(inputs.get("files")), "input files"),
-            _stat(fmt_bytes(totals.get("kept_bytes")), "kept text"),
+            _stat(fmt_bytes(totals.get("input_text_bytes")), "input text (uncompressed)"),
+            _stat(fmt_bytes(totals.get("kept_text_bytes")), "kept text (uncompressed)"),
             _stat(fmt_si(totals.get("train_tokens")), "train tokens"),
             _stat(fmt_si(totals.get("val_tokens")), "val tokens"),
             _stat(
                 f"{fmt_count(totals.get('train_shards'))} / {fmt_count(totals.get('val_shards'))}", "shards train/val"
             ),
-            _stat(f"{_num(totals.get('tokens_per_input_byte')):.3f}", "tokens per input byte"),
+            _stat(f"{_num(totals.get('tokens_per_kept_text_byte')):.3f}", "tokens per kept text byte"),
             _stat(fmt_count(totals.get("vocab_size")), "vocab size"),
-            _stat(fmt_seconds(totals.get("wall_seconds")), "wall time"),
+            _stat(fmt_seconds(wall) if wall is not None else "not recorded", "wall time (sum of phases)"),
         ]
     )
     meta = (
-        f'<p class="meta">output <code>{_esc(report.get("output", ""))}</code>'
+        f'<p class="meta">output <code>{_esc(_output_text(report.get("output", "")))}</code>'
         f" \u00b7 generated by {_esc(report.get('generated_by', ''))}</p>"
     )
     title = _esc(report.get("title") or "lmforge data-prep report")
@@ -478,7 +497,27 @@ def _bad_input_section(report: Mapping[str, Any]) -> str:
         chips.append(f'<span class="{css}"><b>{_esc(fmt_count(count))}</b> {_esc(reason)}</span>')
     total = sum(_int(v) for v in bad.values())
     subtitle = f"{fmt_count(total)} problem(s) in the input files" if total else "every input file read cleanly"
-    return _section("bad-input", "Bad input", f'<div class="chips">{"".join(chips)}</div>', subtitle)
+    body = f'<div class="chips">{"".join(chips)}</div>' + _reader_accounting(report)
+    return _section("bad-input", "Bad input", body, subtitle)
+
+
+READER_LABELS = {
+    "input_bytes": "input file bytes (as stored: compressed for .gz)",
+    "input_files": "input files",
+    "unreadable_inputs": "inputs that could not be opened",
+}
+
+
+def _reader_accounting(report: Mapping[str, Any]) -> str:
+    """The reader's own counters: what it read and what it could not, as it counted them."""
+    counters = _mapping(_mapping(report.get("inputs")).get("reader"))
+    if not counters:
+        return ""
+    rows = [
+        [_esc(READER_LABELS.get(name, name)), _esc(fmt_bytes(value) if name.endswith("bytes") else fmt_count(value))]
+        for name, value in sorted(counters.items())
+    ]
+    return "<h3>Reader accounting</h3>" + _table(["counter", "value"], rows, numeric=[1])
 
 
 def _funnel_section(stages: list[Stage]) -> str:
@@ -516,14 +555,15 @@ def _funnel_section(stages: list[Stage]) -> str:
             _esc(fmt_count(s.docs_out)),
             _esc(fmt_count(s.docs_in - s.docs_out)),
             _share_cell(s.drop_rate, ROSE),
-            _esc(fmt_bytes(s.bytes_in)),
-            _esc(fmt_bytes(s.bytes_out)),
+            _esc(fmt_bytes(s.text_bytes_in) if s.text_bytes_in is not None else "\u2014"),
+            _esc(fmt_bytes(s.text_bytes_out) if s.text_bytes_out is not None else "\u2014"),
             _esc(fmt_pct(_ratio(s.docs_out, base))),
         ]
         for s in stages
     ]
     table = _table(
-        ["stage", "docs in", "docs out", "dropped", "drop rate", "bytes in", "bytes out", "kept of total"],
+        ["stage", "docs in", "docs out", "dropped", "drop rate", "text in (uncompressed)", "text out (uncompressed)",
+         "kept of total"],
         rows,
         numeric=range(1, 8),
     )
@@ -629,106 +669,270 @@ def _doc_length_section(report: Mapping[str, Any]) -> str:
     return _section("doc-length", "Document length (tokens)", chart, subtitle)
 
 
-def _throughput_section(stages: list[Stage]) -> str:
-    if not stages:
-        return _section("throughput", "Throughput per stage", _no_data())
-    charts = [
-        ("wall seconds", [Bar(s.name, s.seconds, fmt_seconds(s.seconds)) for s in stages], SLATE),
-        (
-            "documents / second",
-            [Bar(s.name, s.docs_per_second, f"{fmt_si(s.docs_per_second)}/s") for s in stages],
-            GREEN,
-        ),
-        ("MB / second", [Bar(s.name, s.mb_per_second, f"{s.mb_per_second:,.1f} MB/s") for s in stages], ORANGE),
+def _phase_processed(phase: Mapping[str, Any]) -> str:
+    """What a phase got through, each size labelled."""
+    parts = []
+    if phase.get("file_bytes") is not None:
+        parts.append(f"{fmt_bytes(phase.get('file_bytes'))} input files")
+    if _int(phase.get("text_bytes")):
+        parts.append(f"{fmt_bytes(phase.get('text_bytes'))} text (uncompressed)")
+    if _int(phase.get("docs")):
+        parts.append(f"{fmt_count(phase.get('docs'))} docs")
+    if _int(phase.get("tokens")):
+        parts.append(f"{fmt_si(phase.get('tokens'))} tokens")
+    return " \u00b7 ".join(parts) or "\u2014"
+
+
+def _phase_throughput(phase: Mapping[str, Any]) -> str:
+    """Throughput over the phase's wall-clock, each rate labelled."""
+    if _num(phase.get("wall_seconds")) <= 0:
+        return "\u2014"
+    parts = []
+    if phase.get("file_bytes") is not None:
+        parts.append(f"{_num(phase.get('file_mb_per_second')):,.1f} MB/s input files")
+    if _int(phase.get("text_bytes")):
+        parts.append(f"{_num(phase.get('text_mb_per_second')):,.1f} MB/s text")
+    if _int(phase.get("docs")):
+        parts.append(f"{fmt_si(phase.get('docs_per_second'))} docs/s")
+    if _int(phase.get("tokens")):
+        parts.append(f"{fmt_si(phase.get('tokens_per_second'))} tokens/s")
+    return " \u00b7 ".join(parts) or "\u2014"
+
+
+def _phases_table(phases: list[Mapping[str, Any]]) -> str:
+    total = sum(_num(p.get("wall_seconds")) for p in phases)
+    bars = [
+        Bar(str(p.get("name", "?")), _num(p.get("wall_seconds")), fmt_seconds(p.get("wall_seconds")),
+            tooltip=f"{p.get('label', '')}: {fmt_seconds(p.get('wall_seconds'))} wall-clock")
+        for p in phases
     ]
-    if not any(bar.value > 0 for _, bars, _ in charts for bar in bars):
-        return _section("throughput", "Throughput per stage", _no_data("no timings recorded"))
-    chart = multi_hbar_chart([s.name for s in stages], charts, title="throughput per stage")
-    total = sum(s.seconds for s in stages)
+    chart = hbar_chart(bars, title="wall-clock seconds per phase", color=SLATE, width=1000, label_width=170)
+    rows = [
+        [
+            f"<b>{_esc(p.get('name', '?'))}</b><br><span class=\"sub\">{_esc(p.get('label', ''))}</span>",
+            _esc(fmt_seconds(p.get("wall_seconds"))),
+            _share_cell(_ratio(_num(p.get("wall_seconds")), total), SLATE),
+            _esc(fmt_count(p.get("processes"))),
+            _esc(fmt_seconds(p.get("cpu_seconds"))),
+            _esc(fmt_bytes(p.get("peak_rss_bytes"))),
+            _esc(_phase_processed(p)),
+            _esc(_phase_throughput(p)),
+        ]
+        for p in phases
+    ]
+    table = _table(
+        ["phase", "wall-clock", "share of wall-clock", "processes", "CPU seconds", "main peak RSS", "processed",
+         "throughput (per wall-clock second)"],
+        rows,
+        numeric=[1, 3, 4, 5],
+    )
+    return f"<h3>Wall-clock by phase</h3>{chart}{table}"
+
+
+def _stage_time_table(stages: list[Stage]) -> str:
+    timed = [s for s in stages if s.worker_seconds > 0]
+    if not timed:
+        return ""
+    total = sum(s.worker_seconds for s in timed)
     rows = [
         [
             _esc(s.name),
-            _esc(fmt_seconds(s.seconds)),
-            _share_cell(_ratio(s.seconds, total), SLATE),
-            _esc(fmt_seconds(s.cpu_seconds)),
-            _esc(f"{fmt_si(s.docs_per_second)}/s"),
-            _esc(f"{s.mb_per_second:,.1f} MB/s"),
+            _esc(s.phase),
+            _esc(fmt_seconds(s.worker_seconds)),
+            _share_cell(_ratio(s.worker_seconds, total), SLATE),
+            _esc(f"{fmt_si(s.docs_per_worker_second)}/s"),
+            _esc(f"{s.text_mb_per_worker_second:,.1f} MB/s" if s.text_mb_per_worker_second is not None else "\u2014"),
         ]
-        for s in stages
+        for s in timed
     ]
-    table = _table(["stage", "seconds", "share of time", "cpu seconds", "docs/s", "MB/s"], rows, numeric=[1, 3, 4, 5])
+    table = _table(
+        ["stage", "phase", "worker seconds", "share of worker time", "docs per worker-second",
+         "text MB per worker-second"],
+        rows,
+        numeric=[2, 4, 5],
+    )
+    return (
+        "<h3>Time inside each stage (summed over worker processes)</h3>"
+        '<p class="sub">Not wall-clock: the time worker processes spent in each stage, added up over all of them '
+        "(for global_dedup, the CPU time of the dedup phase). Rates are per worker-second, i.e. per core.</p>"
+        + table
+    )
+
+
+def _throughput_section(report: Mapping[str, Any], stages: list[Stage]) -> str:
+    phases = [_mapping(p) for p in _sequence(report.get("phases"))]
+    if not any(_num(p.get("wall_seconds")) > 0 for p in phases):
+        body = _no_data("no timings recorded") + _stage_time_table(stages)
+        return _section("throughput", "Time and throughput", body)
+    total = sum(_num(p.get("wall_seconds")) for p in phases)
     return _section(
         "throughput",
-        "Throughput per stage",
-        chart + table,
-        f"{fmt_seconds(total)} spent in stages in total (summed over workers).",
+        "Time and throughput",
+        _phases_table(phases) + _stage_time_table(stages),
+        f"{fmt_seconds(total)} of wall-clock over the phases; a phase run by several processes at once counts once.",
+    )
+
+
+def _pii_panel(pii: Mapping[str, Any]) -> str:
+    if pii.get("enabled") is False:
+        return '<div class="panel"><h3>PII: check off</h3>' + _no_data("check off (pii.enabled is false)") + "</div>"
+    items = _mapping(pii.get("items_scrubbed"))
+    documents, total = _int(pii.get("documents_touched")), sum(_int(v) for v in items.values())
+    head = (
+        f"<h3>PII: {_esc(fmt_count(documents))} documents touched, {_esc(fmt_count(total))} items scrubbed</h3>"
+    )
+    chart = _counts_chart(items, title="PII items scrubbed", color=ROSE, width=460) if total else _no_data(
+        "no PII found"
+    )
+    kept = _mapping(pii.get("items_kept"))
+    note = (
+        '<p class="sub">kept, not personal data: '
+        + _esc(", ".join(f"{fmt_count(v)} {k}" for k, v in sorted(kept.items())))
+        + "</p>"
+        if kept
+        else ""
+    )
+    return f'<div class="panel">{head}<p class="sub">items scrubbed by kind:</p>{chart}{note}</div>'
+
+
+def _contamination_panel(contamination: Mapping[str, Any]) -> str:
+    if not contamination.get("enabled"):
+        return (
+            '<div class="panel"><h3>Contamination: check off</h3>'
+            + _no_data("check off: no eval set configured (contamination.eval_sets)")
+            + "</div>"
+        )
+    removed, checked = _int(contamination.get("documents_removed")), _int(contamination.get("documents_checked"))
+    sets = ", ".join(str(s) for s in _sequence(contamination.get("eval_sets")))
+    per_set = _mapping(contamination.get("documents_per_eval_set"))
+    chart = (
+        _counts_chart(per_set, title="documents matching each eval set", color=AMBER, width=460)
+        if removed
+        else _no_data(f"no contamination found in {fmt_count(checked)} documents checked")
+    )
+    return (
+        f'<div class="panel"><h3>Contamination: {_esc(fmt_count(removed))} documents removed</h3>'
+        f'<p class="sub">{_esc(fmt_count(checked))} documents checked against {_esc(sets)}</p>{chart}</div>'
     )
 
 
 def _pii_contamination_section(report: Mapping[str, Any]) -> str:
-    pii = _mapping(report.get("pii"))
-    contamination = _mapping(report.get("contamination"))
-    pii_total = sum(_int(v) for v in pii.values())
-    cont_total = sum(_int(v) for v in contamination.values())
-    pii_chart = _counts_chart(pii, title="PII found", color=ROSE, width=460) if pii_total else _no_data("no PII found")
-    cont_chart = (
-        _counts_chart(contamination, title="contamination hits", color=AMBER, width=460)
-        if cont_total
-        else _no_data("no contamination found")
-    )
     body = (
         '<div class="panels two">'
-        f'<div class="panel"><h3>PII ({_esc(fmt_count(pii_total))})</h3>{pii_chart}</div>'
-        f'<div class="panel"><h3>Contamination ({_esc(fmt_count(cont_total))})</h3>{cont_chart}</div>'
-        "</div>"
+        + _pii_panel(_mapping(report.get("pii")))
+        + _contamination_panel(_mapping(report.get("contamination")))
+        + "</div>"
     )
     return _section("pii", "PII and contamination", body)
 
 
+DEDUP_LABELS = {
+    ("within_input", "duplicate_url"): "same URL, within an input",
+    ("within_input", "duplicate_content"): "exact same text, within an input",
+    ("removed", "duplicate_url"): "same URL, across inputs",
+    ("removed", "duplicate_content"): "exact same text, across inputs",
+    ("removed", "near_duplicate"): "near-duplicate (MinHash), across inputs",
+}
+
+
 def _dedup_section(report: Mapping[str, Any]) -> str:
     dedup = _mapping(report.get("dedup"))
-    removed = _mapping(dedup.get("removed"))
-    total = sum(_int(v) for v in removed.values())
-    stats = _stat(fmt_count(dedup.get("clusters")), "near-duplicate clusters") + _stat(
-        fmt_count(total), "documents removed"
+    counts: dict[str, float] = {}
+    for scope in ("within_input", "removed"):
+        for reason, value in _mapping(dedup.get(scope)).items():
+            counts[DEDUP_LABELS.get((scope, str(reason)), f"{reason} ({scope})")] = _num(value)
+    total = sum(counts.values())
+    url_exact = sum(v for k, v in counts.items() if not k.startswith("near"))
+    near = total - url_exact
+    stats = "".join(
+        [
+            _stat(fmt_count(total), "documents removed as duplicates"),
+            _stat(fmt_count(url_exact), "URL / exact-text duplicates"),
+            _stat(fmt_count(near), "near-duplicates (MinHash)"),
+            _stat(fmt_count(dedup.get("near_duplicate_groups")), "near-duplicate groups"),
+            _stat(fmt_count(dedup.get("clusters")), "duplicate clusters across inputs (URL, exact or near)"),
+        ]
     )
     chart = (
-        _counts_chart(removed, title="documents removed by dedup", color=PURPLE, total=total)
+        _counts_chart(counts, title="documents removed by dedup", color=PURPLE, total=total, label_width=300)
         if total
         else _no_data("no duplicates removed")
     )
-    return _section("dedup", "Deduplication", f'<div class="stats">{stats}</div>{chart}')
+    note = (
+        '<p class="sub">near-duplicate detection is off (minhash.enabled is false)</p>'
+        if dedup.get("near_duplicate_enabled") is False
+        else ""
+    )
+    return _section("dedup", "Deduplication", f'<div class="stats">{stats}</div>{note}{chart}')
+
+
+def _worker_issue(worker: Mapping[str, Any]) -> str:
+    parts = []
+    if worker.get("error"):
+        parts.append(f'<span class="err">{_esc(worker.get("error"))}</span>')
+    problems = _mapping(worker.get("problems"))
+    if problems:
+        parts.append(_esc(", ".join(f"{fmt_count(v)} {k}" for k, v in sorted(problems.items()))))
+    return "<br>".join(parts)
+
+
+def _worker_task(worker: Mapping[str, Any]) -> str:
+    if worker.get("input"):
+        return f'<span class="path">{_esc(worker.get("input"))}</span>'
+    where = f" (pid {worker.get('pid')} on {worker.get('host')})" if worker.get("pid") is not None else ""
+    return f"<b>{_esc(worker.get('task', 'main process'))}</b>{_esc(where)}"
 
 
 def _workers_section(report: Mapping[str, Any]) -> str:
     workers = [_mapping(w) for w in _sequence(report.get("workers"))]
     if not workers:
         return _section("workers", "Workers", _no_data())
-    workers.sort(key=lambda w: -_num(w.get("seconds")))
+    # inputs with an error first, then the slowest
+    workers.sort(key=lambda w: (not (w.get("error") or w.get("problems")), -_num(w.get("seconds"))))
     slowest = max(_num(w.get("seconds")) for w in workers)
-    peak = max(_num(w.get("peak_rss_bytes")) for w in workers)
-    shown = workers[:MAX_WORKER_ROWS]
+    peak = max(workers, key=lambda w: _num(w.get("peak_rss_bytes")))
+    shown = [w for i, w in enumerate(workers)
+             if i < MAX_WORKER_ROWS or w.get("error") or w.get("task") == "main process"]
     rows = [
         [
-            f'<span class="path">{_esc(w.get("input", ""))}</span>',
+            _esc(w.get("phase", "")),
+            _worker_task(w),
             f'<span data-v="{_num(w.get("seconds"))}">{_share_bar(_ratio(_num(w.get("seconds")), slowest))}'
             f"{_esc(fmt_seconds(w.get('seconds')))}</span>",
             f'<span data-v="{_num(w.get("peak_rss_bytes"))}">{_esc(fmt_bytes(w.get("peak_rss_bytes")))}</span>',
+            _worker_issue(w),
         ]
         for w in shown
     ]
-    note = f" (showing the {len(shown)} slowest)" if len(shown) < len(workers) else ""
+    errors = sum(1 for w in workers if w.get("error"))
+    note = f" (showing {len(shown)})" if len(shown) < len(workers) else ""
     subtitle = (
-        f"{len(workers)} worker task(s){note}; slowest {fmt_seconds(slowest)}, highest peak RSS {fmt_bytes(peak)}. "
+        f"{len(workers)} row(s){note}: each input's filter and tokenize task, and each main process per phase; "
+        f"{errors} input(s) with an error; slowest {fmt_seconds(slowest)}; highest peak RSS "
+        f"{fmt_bytes(peak.get('peak_rss_bytes'))} ({peak.get('task', '')}, {peak.get('phase', '')}). "
         "Click a column header to sort."
     )
-    table = _table(["input", "seconds", "peak RSS"], rows, numeric=[1, 2], css="sortable")
+    table = _table(["phase", "task", "seconds", "peak RSS", "error / bad input"], rows, numeric=[2, 3],
+                   css="sortable")
     return _section("workers", "Workers", table, subtitle)
 
 
 def _share_bar(fraction: float) -> str:
     width = max(0.0, min(100.0, fraction * 100))
     return f'<span class="minibar"><span style="width:{width:.1f}%;background:{SLATE}"></span></span>'
+
+
+def _config_section(report: Mapping[str, Any]) -> str:
+    config = report.get("config")
+    if not isinstance(config, Mapping) or not config:
+        return _section("config", "Config used", _no_data())
+    text = json.dumps(config, indent=1, sort_keys=True)
+    return _section(
+        "config",
+        "Config used",
+        f"<pre>{_esc(text)}</pre>",
+        "The resolved data-prep config (defaults, file, environment and --set), secrets redacted.",
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -751,7 +955,7 @@ header code { color:#e2e8f0; word-break:break-all; }
 .flow .big .k { color:#94a3b8; font-size:13px; }
 .flow .arrow { font-size:28px; color:#60a5fa; }
 .stats { display:grid; grid-template-columns:repeat(auto-fill,minmax(170px,1fr)); gap:10px; }
-header .stats { grid-template-columns:repeat(4,1fr); }
+header .stats { grid-template-columns:repeat(3,1fr); }
 .stat { border:1px solid var(--line); border-radius:8px; padding:8px 12px; background:var(--card); }
 header .stat { background:#1e293b; border-color:#334155; }
 .stat .v { font-size:18px; font-weight:650; }
@@ -798,6 +1002,9 @@ table.sortable th[data-dir=desc]::after { content:" \\25BC"; }
 .panels.two { grid-template-columns:repeat(auto-fit,minmax(380px,1fr)); }
 details { margin-top:8px; }
 summary { cursor:pointer; color:var(--muted); font-size:13px; }
+pre { background:#f8fafc; border:1px solid var(--line); border-radius:8px; padding:10px 14px; margin:8px 0;
+      font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; max-height:480px; overflow:auto; }
+.err { color:#991b1b; font-weight:600; }
 footer { color:var(--muted); font-size:12px; text-align:center; }
 """
 
@@ -837,10 +1044,11 @@ def render_report_html(report: dict) -> str:
             _drop_reasons_section(stages),
             _languages_section(report),
             _doc_length_section(report),
-            _throughput_section(stages),
+            _throughput_section(report, stages),
             _pii_contamination_section(report),
             _dedup_section(report),
             _workers_section(report),
+            _config_section(report),
             f"<footer>{_esc(report.get('generated_by', ''))}</footer>",
         ]
     )

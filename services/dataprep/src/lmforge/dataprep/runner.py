@@ -8,22 +8,27 @@ Phases and their completion markers (a rerun skips what is complete):
   tokenize  per input: tokens + index + dedup rejects          → work/done/tokenize-*
   shards    shuffle, split, shards, lineage                     → manifest.json (last)
   report    report.json + report.html
+Every process records its part of each phase it worked on (wall-clock, CPU, peak RSS) under
+work/timings/ (timings.py); the report adds them up per phase.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from lmforge.common.config import dump_config
-from lmforge.common.errors import ConfigError, InputError
+from lmforge.common.errors import ConfigError, InputError, StorageError
 from lmforge.common.logging import StructLogger, get_logger
-from lmforge.common.storage import Store, expand_inputs, input_size, open_store
+from lmforge.common.storage import LocalStore, Store, expand_inputs, input_size, open_store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import (
@@ -36,6 +41,8 @@ from lmforge.dataprep.dedup_global import (
 )
 from lmforge.dataprep.progress import Progress
 from lmforge.dataprep.shard_writer import write_shards
+from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
+from lmforge.dataprep.timings import timed_phase
 from lmforge.dataprep.tokenize import prepare_tokenizer, tokenize_input
 from lmforge.dataprep.worker import process_input
 
@@ -80,6 +87,8 @@ def open_run(output: str, config: DataprepConfig | None, input_patterns: list[st
     against what is recorded). Without, the global stages run from the output directory
     alone, with the recorded config; a config given explicitly must match it."""
     store = open_store(output)
+    if isinstance(store, LocalStore) and store.root.exists() and not store.root.is_dir():
+        raise StorageError(f"output {output} is a file, not a directory")
     if input_patterns:
         if config is None:
             raise ConfigError("a run that reads inputs needs a config")
@@ -100,9 +109,23 @@ def open_run(output: str, config: DataprepConfig | None, input_patterns: list[st
 # ------------------------------------------------------------------ process pool
 
 _STATE: dict = {}
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _init_worker(output: str, config_json: str) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this pool worker die when the process that started it does, even by SIGKILL: an
+    orphaned worker would go on writing into an output directory that a rerun may already be
+    writing to. Linux: the parent-death signal; elsewhere the pool's own EOF check remains."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _init_worker(output: str, config_json: str, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
     _STATE["store"] = open_store(output)
     _STATE["config"] = DataprepConfig.model_validate_json(config_json)
 
@@ -141,14 +164,19 @@ def _map(run: Run, fn_name: str, argsets: list[tuple], progress: Progress,
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(run.processes, len(argsets)), mp_context=context,
                              initializer=_init_worker,
-                             initargs=(run.store.uri, run.config.model_dump_json())) as pool:
+                             initargs=(run.store.uri, run.config.model_dump_json(), os.getpid())) as pool:
         futures = [pool.submit(_pool_task, fn_name, *args) for args in argsets]
-        for future in as_completed(futures):
-            result = future.result()
-            results.append(result)
-            if on_result:
-                on_result(result)
-            progress.advance()
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                results.append(result)
+                if on_result:
+                    on_result(result)
+                progress.advance()
+        except BaseException:
+            # one task failed (a full disk fails them all): stop, do not start the queued ones
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return results
 
 
@@ -166,7 +194,8 @@ def run_inputs(run: Run, indices: Iterable[int] | None = None) -> list:
         run.log.info("input_done", input=result.uri, seconds=round(result.seconds, 3),
                      docs_kept=result.docs_kept, peak_rss_bytes=result.peak_rss_bytes)
 
-    results = _map(run, "input", [(run.inputs[i], i) for i in pending], progress, report)
+    with timed_phase(run.store, "inputs", len(pending)):
+        results = _map(run, "input", [(run.inputs[i], i) for i in pending], progress, report)
     progress.close()
     return results
 
@@ -182,15 +211,48 @@ def _require_inputs_done(run: Run) -> None:
         raise InputError(f"{len(missing)} input(s) not processed yet (e.g. {names}); run the per-input stage first")
 
 
+def _require_documents(run: Run) -> None:
+    """A run in which no input yielded a single document is an input error, not an empty
+    success the trainer finds out about later (`no 'train' shards`)."""
+    def stats_of(i: int) -> dict:
+        return json.loads(run.store.read_text(layout.input_stats(i)))
+
+    if any(_documents_read(stats_of(i)) for i in range(run.n_inputs)):  # usually stops at the first
+        return
+    shown = [stats_of(i) for i in range(min(run.n_inputs, 5))]  # every input is a bad one: name a few
+    problems = "; ".join(f"{stats['input']} ({_input_problem(stats)})" for stats in shown)
+    more = f" and {run.n_inputs - len(shown)} more" if run.n_inputs > len(shown) else ""
+    raise InputError(f"no input yielded a single document: {problems}{more}")
+
+
+def _documents_read(summary: dict) -> int:
+    return next((step["docs_out"] for step in summary["steps"] if step["name"] == "read"), 0)
+
+
+def _input_problem(summary: dict) -> str:
+    """What was wrong with one input, in a few words: its error, else its bad-input kinds."""
+    if summary.get("error"):
+        return summary["error"]
+    read = next((step for step in summary["steps"] if step["name"] == "read"), {})
+    parts = [f"{key.removeprefix(BAD_INPUT_PREFIX)}: {n}" for key, n in sorted(read.get("counters", {}).items())
+             if key.startswith(BAD_INPUT_PREFIX) and n]
+    rejected = sum(read.get("dropped", {}).values())
+    if rejected:
+        parts.append(f"{rejected} record(s) rejected")
+    return ", ".join(parts) or "no records"
+
+
 def run_dedup(run: Run, indices: Iterable[int] | None = None) -> None:
     _require_inputs_done(run)
+    _require_documents(run)
     check_minhash_config(run.store, run.config.minhash)
     plan = PartitionPlan.from_config(run.config.minhash)
     indices = list(range(plan.count) if indices is None else indices)
     pending = [p for p in indices if not run.store.exists(layout.edges(p))]
     run.log.info("phase_start", phase="dedup", partitions=len(indices), pending=len(pending))
     progress = Progress(run.log, "dedup", len(pending), unit="partitions")
-    _map(run, "partition", [(run.n_inputs, p) for p in pending], progress)
+    with timed_phase(run.store, "dedup", len(pending)):
+        _map(run, "partition", [(run.n_inputs, p) for p in pending], progress)
     progress.close()
 
 
@@ -198,9 +260,10 @@ def run_cluster(run: Run) -> dict:
     if run.store.exists(layout.DEDUP_REMOVED) and run.store.exists(layout.DEDUP_STATS):
         return json.loads(run.store.read_text(layout.DEDUP_STATS))
     started = time.perf_counter()
-    summary = cluster(run.store, run.config.minhash)
-    summary["seconds"] = round(time.perf_counter() - started, 4)
-    run.store.write_text(layout.DEDUP_STATS, json.dumps(summary, indent=1))
+    with timed_phase(run.store, "dedup", 1):
+        summary = cluster(run.store, run.config.minhash)
+        summary["seconds"] = round(time.perf_counter() - started, 4)
+        run.store.write_text(layout.DEDUP_STATS, json.dumps(summary, indent=1))
     run.log.info("dedup_clusters", **summary)
     return summary
 
@@ -216,8 +279,9 @@ def _kept_bytes(run: Run) -> int:
 def run_tokenizer(run: Run) -> dict:
     if not run.store.exists(layout.DEDUP_REMOVED):
         raise InputError("dedup clusters not computed yet: run the cluster stage first")
-    removed, _ = load_removed(run.store)
-    info = prepare_tokenizer(run.store, run.config, run.n_inputs, removed, _kept_bytes(run))
+    with timed_phase(run.store, "tokenizer", 0 if run.store.exists(layout.TOKENIZER_STATS) else 1):
+        removed, _ = load_removed(run.store)
+        info = prepare_tokenizer(run.store, run.config, run.n_inputs, removed, _kept_bytes(run))
     run.log.info("tokenizer_ready", **info)
     return info
 
@@ -234,7 +298,8 @@ def run_tokenize(run: Run, indices: Iterable[int] | None = None) -> None:
     pending = [i for i in indices if not run.store.exists(layout.tokenize_done(i))]
     run.log.info("phase_start", phase="tokenize", inputs=len(indices), pending=len(pending))
     progress = Progress(run.log, "tokenize", len(pending))
-    _map(run, "tokenize", [(info, i) for i in pending], progress)
+    with timed_phase(run.store, "tokenize", len(pending)):
+        _map(run, "tokenize", [(info, i) for i in pending], progress)
     progress.close()
 
 
@@ -244,17 +309,18 @@ def run_shards(run: Run) -> dict:
     missing = [i for i in range(run.n_inputs) if not run.store.exists(layout.tokenize_done(i))]
     if missing:
         raise InputError(f"{len(missing)} input(s) not tokenized yet: run the tokenize stage first")
-    manifest = write_shards(run.store, run.config, run.n_inputs, _tokenizer_info(run), run.inputs)
+    with timed_phase(run.store, "shards", 1):
+        manifest = write_shards(run.store, run.config, run.n_inputs, _tokenizer_info(run), run.inputs)
     run.log.info("shards_written", shards=len(manifest["shards"]), **manifest["totals"])
     return manifest
 
 
-def run_report(run: Run, wall_seconds: float | None = None) -> str:
+def run_report(run: Run) -> str:
     from lmforge.dataprep.report import write_report
 
     if not run.store.exists(layout.MANIFEST):
         raise InputError("manifest.json not written yet: run the shards stage first")
-    write_report(run, wall_seconds)
+    write_report(run)
     path = run.store.join(layout.REPORT_HTML)
     run.log.info("report_written", report=path, json=run.store.join(layout.REPORT_JSON))
     return path
@@ -262,14 +328,13 @@ def run_report(run: Run, wall_seconds: float | None = None) -> str:
 
 def run_all(run: Run) -> str:
     """Every phase in order, each skipping work already complete."""
-    started = time.perf_counter()
     run_inputs(run)
     run_dedup(run)
     run_cluster(run)
     run_tokenizer(run)
     run_tokenize(run)
     run_shards(run)
-    return run_report(run, wall_seconds=time.perf_counter() - started)
+    return run_report(run)
 
 
 def default_processes() -> int:

@@ -1,7 +1,10 @@
-"""Per-step counters: documents and bytes in/out, drops per reason, extra counts, seconds."""
+"""Per-step counters (documents and bytes in/out, drops per reason, extra counts, seconds)
+and the process's peak memory."""
 
 from __future__ import annotations
 
+import resource
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,3 +72,9 @@ def merge_stats(groups: list[list[dict[str, Any]]]) -> list[StepStats]:
             else:
                 merged[stats.name] = stats
     return list(merged.values())
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_maxrss if sys.platform == "darwin" else usage.ru_maxrss * 1024  # Linux: KiB

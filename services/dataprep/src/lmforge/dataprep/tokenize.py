@@ -24,7 +24,7 @@ from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig, TokenizerConfig
 from lmforge.dataprep.dedup_global import KIND_REASONS
 from lmforge.dataprep.parquet_io import REJECT_SCHEMA, ArrowRowWriter, ParquetRowWriter, iter_batches, open_arrow
-from lmforge.dataprep.stats import StepStats
+from lmforge.dataprep.stats import StepStats, peak_rss_bytes
 
 TOKEN_INDEX_SCHEMA = pa.schema([
     ("doc_id", pa.uint64()),
@@ -71,18 +71,26 @@ def iter_training_sample(store: Store, n_inputs: int, removed: np.ndarray, kept_
 
 def prepare_tokenizer(store: Store, config: DataprepConfig, n_inputs: int, removed: np.ndarray,
                       kept_bytes: int) -> dict:
-    """Train (or copy in) tokenizer.json; returns {path, sha256, vocab_size, eot_id, seconds}."""
+    """Train (or copy in) tokenizer.json; returns {path, sha256, vocab_size, eot_id, sample_bytes, seconds}."""
     if store.exists(layout.TOKENIZER) and store.exists(layout.TOKENIZER_STATS):
         return json.loads(store.read_text(layout.TOKENIZER_STATS))
     started = time.perf_counter()
     tok_config = config.tokenizer
+    sample_bytes = 0
     if tok_config.path:
         raw = _read_given_tokenizer(tok_config.path)
         trained = False
     else:
         tokenizer, trainer = new_bpe_tokenizer(tok_config)
         sample = iter_training_sample(store, n_inputs, removed, kept_bytes, tok_config, config.shards.seed)
-        tokenizer.train_from_iterator(sample, trainer=trainer)
+
+        def counted(texts):
+            nonlocal sample_bytes
+            for text in texts:
+                sample_bytes += len(text.encode("utf-8"))
+                yield text
+
+        tokenizer.train_from_iterator(counted(sample), trainer=trainer)
         raw = tokenizer.to_str(pretty=False).encode("utf-8")
         trained = True
     tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
@@ -97,6 +105,7 @@ def prepare_tokenizer(store: Store, config: DataprepConfig, n_inputs: int, remov
         "eot_token": tok_config.eot_token,
         "eot_id": eot_id,
         "trained": trained,
+        "sample_bytes": sample_bytes,
         "seconds": round(time.perf_counter() - started, 4),
     }
     store.write_text(layout.TOKENIZER_STATS, json.dumps(info, indent=1))
@@ -184,7 +193,7 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
             tok_stats.seconds += time.perf_counter() - tick
     tok_stats.counters["tokens"] = token_cursor
     summary = {"input_index": input_index, "tokens": token_cursor,
-               "seconds": round(time.perf_counter() - started, 4),
+               "seconds": round(time.perf_counter() - started, 4), "peak_rss_bytes": peak_rss_bytes(),
                "steps": [stats.to_dict(), tok_stats.to_dict()]}
     store.write_text(layout.tokenize_stats(input_index), json.dumps(summary, indent=1))
     store.write_text(layout.tokenize_done(input_index), "")

@@ -5,8 +5,9 @@ demo left running (`make demo-stop`).
     lmforge-demo stop [--workdir demo-output]
 
 Exit codes: 0 done (after the summary, Ctrl-C ends it), 2 bad configuration, 1 a step failed
-(its log's tail is printed), 130 interrupted before the summary (everything it started is
-stopped, no step's output is left half-written)."""
+(its log's tail is printed), 4 the workdir cannot be written (a file in its place, a full disk),
+130 interrupted before the summary (everything it started is stopped, no step's output is left
+half-written)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import LmforgeError, as_lmforge_error
 from lmforge.demo.config import DemoConfig, load_demo_config
 from lmforge.demo.processes import StepFailed, stop_recorded
 from lmforge.demo.staging import discard_staging
@@ -66,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except (StepFailed, LmforgeError, RuntimeError, TimeoutError, FileNotFoundError) as exc:
         sys.stderr.write(f"\nlmforge-demo: {exc}\n")
         return 1
+    except OSError as exc:
+        error = as_lmforge_error(exc)
+        sys.stderr.write(f"\nlmforge-demo: {error}\n")
+        return error.exit_code
     else:
         if config.hold:
             with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the way a finished demo ends

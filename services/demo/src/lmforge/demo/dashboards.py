@@ -62,15 +62,25 @@ def metric_names(expr: str) -> set[str]:
     return set(METRIC_NAME.findall(expr))
 
 
+def requires_of(panel: dict[str, Any]) -> str | None:
+    """The panel's "lmforge": {"requires": ...} ("gpu": it has data only where a GPU is present)."""
+    return panel.get("lmforge", {}).get("requires")
+
+
+def unit_of(panel: dict[str, Any]) -> str:
+    """The panel's Grafana unit (fieldConfig.defaults.unit), "none" when it sets none."""
+    return panel.get("fieldConfig", {}).get("defaults", {}).get("unit") or "none"
+
+
+def panel_targets(panel: dict[str, Any], **macros: str) -> list[tuple[str, str]]:
+    """(expression ready for Prometheus, legendFormat or "") of each target Grafana would query."""
+    return [(substitute(t["expr"], **macros), t.get("legendFormat") or "")
+            for t in panel.get("targets", []) if t.get("expr") and not t.get("hide")]
+
+
 def dashboard_queries(dashboard: dict[str, Any], **macros: str) -> list[tuple[str, str, str | None]]:
     """(panel title, expression ready for Prometheus, requires) for every target of every panel;
-    `requires` is the panel's "lmforge": {"requires": ...} ("gpu": the panel has data only where
-    a GPU is present), else None. `macros` overrides the substituted durations, e.g.
+    `requires`: requires_of(panel). `macros` overrides the substituted durations, e.g.
     dashboard_queries(d, __rate_interval="1m")."""
-    queries = []
-    for panel in query_panels(dashboard):
-        requires = panel.get("lmforge", {}).get("requires")
-        for target in panel.get("targets", []):
-            if target.get("expr") and not target.get("hide"):
-                queries.append((panel["title"], substitute(target["expr"], **macros), requires))
-    return queries
+    return [(panel["title"], expr, requires_of(panel))
+            for panel in query_panels(dashboard) for expr, _ in panel_targets(panel, **macros)]

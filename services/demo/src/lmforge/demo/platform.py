@@ -121,18 +121,19 @@ class LocalPlatform:
                                                   self.progress.note)
             self.progress.note(f"attempt 2 recomputed steps {outcome.compared_steps[0]}–{outcome.compared_steps[-1]} "
                                "with losses identical to attempt 1's")
+            run_dir = self.workdir / "train" / outcome.run_dir.name  # where the step's output now is
             self.progress.note(f"final train loss {outcome.final_loss:.3f}, val loss {outcome.final_val_loss:.3f}, "
                                f"{outcome.tokens_per_second:,.0f} tokens/s; {len(outcome.uploaded_steps)} "
-                               "checkpoints in S3")
+                               f"checkpoints in S3; training report: {run_dir / outcome.report.name}")
         return {"preset": train.preset, "nproc": train.nproc, "mode": mode, "steps": train.steps,
                 "final_loss": outcome.final_loss, "final_val_loss": outcome.final_val_loss,
                 "tokens_per_second": outcome.tokens_per_second, "interrupted_at": outcome.interrupted_at,
+                "killed_by": outcome.killed_by,
                 "restored_step": outcome.restored_step, "compared_steps": outcome.compared_steps,
                 "max_loss_difference": outcome.max_loss_difference, "identical": outcome.identical,
                 "checkpoint_uris": outcome.checkpoint_uris, "uploaded_steps": outcome.uploaded_steps,
-                "destination": outcome.destination, "s3_endpoint": endpoint,
-                "run_dir": str(self.workdir / "train" / "run"),
-                "first_attempt_dir": str(self.workdir / "train" / "attempt-1")}
+                "destination": outcome.destination, "s3_endpoint": endpoint, "run_dir": str(run_dir),
+                "metrics": str(run_dir / "metrics.jsonl"), "report": str(run_dir / outcome.report.name)}
 
     def _serve(self, training: dict[str, Any]) -> dict[str, Any]:
         serve = self.config.serve
@@ -162,7 +163,8 @@ class LocalPlatform:
     def _observe(self) -> dict[str, Any]:
         with self.progress.step(6, "Observability: the dashboards' queries against Prometheus"):
             check = check_dashboards(self.monitoring, self.config.observe,
-                                     settle_seconds=2 * _seconds(self.config.observe.scrape_interval) + 1)
+                                     settle_seconds=2 * _seconds(self.config.observe.scrape_interval) + 1,
+                                     page=self.workdir / "observe" / "dashboards.html")
             self.progress.note(f"{len(check.with_data)} panel queries return data"
                                + (f"; {len(check.gpu_only)} GPU-only panels not asked (no GPU)" if check.gpu_only
                                   else ""))
@@ -175,8 +177,10 @@ class LocalPlatform:
                    "serve": {k: v for k, v in serving.items() if k != "canary"}, "canary": serving["canary"],
                    "dashboards": dashboards,
                    "where": {"report": str(self.workdir / "data" / "report.html"),
+                             "training_report": training["report"],
                              "metrics": f"{serving['url']}/metrics", "prometheus": self.monitoring.prometheus,
                              "pushgateway": self.monitoring.pushgateway, "logs": str(self.workdir / "logs"),
+                             "dashboards": dashboards["page"],
                              "summary": str(self.workdir / "summary.json")}}
         self.progress.header(7, "Summary")
         write_summary(self.workdir / "summary.json", summary)

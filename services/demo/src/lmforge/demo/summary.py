@@ -35,7 +35,8 @@ def render(summary: dict[str, Any]) -> str:
         f"            funnel (documents out): {funnel}",
         f"Training    {train['preset']} preset, {train['nproc']} processes ({train['mode']}), {train['steps']} steps:"
         f" train loss {train['final_loss']:.3f}, val loss {val}, {train['tokens_per_second']:,.0f} tokens/s",
-        f"            killed at step {train['interrupted_at']}, restored step {train['restored_step']} from S3; "
+        f"            attempt 1 killed by {train['killed_by']} at step {train['interrupted_at']}, restored step "
+        f"{train['restored_step']} from S3; "
         f"steps {train['compared_steps'][0]}–{train['compared_steps'][-1]} recomputed with identical losses "
         f"(max difference {train['max_loss_difference']})",
         f"            checkpoints in S3 ({train['s3_endpoint']}):",
@@ -50,7 +51,10 @@ def render(summary: dict[str, Any]) -> str:
         + (f", {len(dash['empty'])} EMPTY: {'; '.join(dash['empty'])}" if dash["empty"] else "")
         + (f" ({len(dash['gpu_only'])} GPU-only panels not asked: no GPU)" if dash["gpu_only"] else ""),
         f"Look at     data report   {look['report']}",
+        f"            training      {look['training_report']}  (loss, lr, grad norm, tokens/s, MFU; checkpoints "
+        "and the resume marked)",
         f"            metrics       {look['metrics']}",
+        f"            dashboards    {look['dashboards']}  (each panel drawn from Prometheus)",
         f"            Prometheus    {look['prometheus']}  (alerts: {look['prometheus']}/alerts)",
         f"            Pushgateway   {look['pushgateway']}",
         f"            logs          {look['logs']}",

@@ -5,7 +5,11 @@ itself is the service's and the engine's business.
 Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`, and never carry
 a stack trace: 400 bad JSON or a prompt that does not fit, 401 no valid key, 404 unknown
 model, 413 body too large, 422 invalid fields, 429 queue full (with Retry-After), 503 not
-ready; anything unexpected is logged with its trace id and answered 500."""
+ready; anything unexpected is logged with its trace id and answered 500.
+
+A prompt with too many characters to fit the context is refused before it is tokenized, and
+long text is tokenized off the event loop: one large prompt never stalls the other clients or
+the probes."""
 
 from __future__ import annotations
 
@@ -87,7 +91,9 @@ class BodyLimit:
 
 
 class CountRequests:
-    """lmforge_inference_requests_total{status} for every /v1/ request, whatever answered it."""
+    """lmforge_inference_requests_total{status} for every /v1/ request, whatever answered it (the
+    outermost middleware, so the body limit's 413 counts too): an exception is a 500, a request
+    that ended with no response at all (its client went away mid-body) a 499."""
 
     def __init__(self, app, service: InferenceService):
         self.app, self.service = app, service
@@ -95,7 +101,7 @@ class CountRequests:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
-        status = 500
+        status: int | None = None
 
         async def recording_send(message):
             nonlocal status
@@ -105,13 +111,18 @@ class CountRequests:
 
         try:
             await self.app(scope, receive, recording_send)
+        except Exception:  # a cancellation (client gone, shutdown) is not a server error: it stays 499
+            status = status or 500
+            raise
         finally:
-            self.service.metrics.observe_request(status)
+            self.service.metrics.observe_request(status or 499)
 
 
 def create_app(service: InferenceService) -> FastAPI:
     config = service.config
-    app = FastAPI(title="lmforge inference", version="0.1.0")
+    docs = config.api_docs  # the API's description, served without authentication when on
+    app = FastAPI(title="lmforge inference", version="0.1.0", openapi_url="/openapi.json" if docs else None,
+                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
     api_keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
 
     def authorize(request: Request) -> None:
@@ -191,7 +202,13 @@ def create_app(service: InferenceService) -> FastAPI:
         if body.max_tokens > config.max_tokens_limit:
             raise ApiError(422, f"max_tokens: at most {config.max_tokens_limit} (got {body.max_tokens})",
                            param="max_tokens")
-        prompt_ids = service.codec.encode(body.prompt)
+        room = service.context_length - body.max_tokens
+        if not service.codec.may_fit(body.prompt, room):
+            raise ApiError(400, f"prompt: {len(body.prompt)} characters make more than {max(room, 0)} tokens (a token "
+                                f"spans at most {service.codec.max_chars_per_token} characters), all that max_tokens "
+                                f"{body.max_tokens} leaves of the model's context of {service.context_length} tokens",
+                           param="prompt")
+        prompt_ids = await service.encode(body.prompt)
         if len(prompt_ids) + body.max_tokens > service.context_length:
             raise ApiError(400, f"prompt: {len(prompt_ids)} prompt tokens + max_tokens {body.max_tokens} exceed "
                                 f"the model's context of {service.context_length} tokens", param="prompt")
@@ -215,16 +232,20 @@ def create_app(service: InferenceService) -> FastAPI:
     @app.post("/v1/score", dependencies=[Depends(authorize)])
     async def score(body: ScoreRequest):
         ready_service(body.model)
-        ids = service.codec.encode(body.text)
+        if not service.codec.may_fit(body.text, service.context_length):
+            raise ApiError(400, f"text: {len(body.text)} characters make more than {service.context_length} tokens "
+                                f"(a token spans at most {service.codec.max_chars_per_token} characters); scoring "
+                                f"needs 2 to {service.context_length}", param="text")
+        ids = await service.encode(body.text)
         if not 2 <= len(ids) <= service.context_length:
             raise ApiError(400, f"text: has {len(ids)} tokens; scoring needs 2 to {service.context_length}",
                            param="text")
         logprobs, perplexity = await service.score(ids)
-        return Score(model=service.model_name, tokens=[service.codec.token_text(t) for t in ids], token_ids=ids,
+        return Score(model=service.model_name, tokens=await service.token_texts(ids), token_ids=ids,
                      token_logprobs=[None, *logprobs], total_logprob=sum(logprobs), perplexity=perplexity)
 
-    app.add_middleware(CountRequests, service=service)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(CountRequests, service=service)  # added last: the outermost
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
     FastAPIInstrumentor.instrument_app(app, tracer_provider=service.tracer_provider,

@@ -28,8 +28,8 @@ class ApiKeys:
                 raise ConfigError(f"api_keys_file {self.path}: {exc.strerror}") from exc
             return  # mid-rotation: keep the keys we have
         if mtime != self._mtime:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-            self._keys = [line.strip().encode() for line in lines if line.strip() and not line.startswith("#")]
+            lines = (line.strip() for line in self.path.read_text(encoding="utf-8").splitlines())
+            self._keys = [line.encode() for line in lines if line and not line.startswith("#")]
             self._mtime = mtime
 
     def check(self, authorization: str | None) -> bool:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import threading
 
-from lmforge.common.errors import LmforgeError, report_failure
+from lmforge.common.errors import CLI_ERRORS, ConfigError, LmforgeError, as_lmforge_error, report_failure
 from lmforge.common.logging import get_logger
 from lmforge.common.metrics import serve_metrics
 from lmforge.inference.config import load_serve_config
@@ -20,6 +22,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML config file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     return parser
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The API's listening socket, bound before the model loads: a taken port is one line and
+    exit 2 (uvicorn would exit from inside its loop, while the model is still loading)."""
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)  # create_server's own text repeats the address
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from exc
 
 
 def main(argv=None) -> int:
@@ -36,6 +48,7 @@ def main(argv=None) -> int:
         from lmforge.inference.api import create_app
         from lmforge.inference.service import InferenceService
 
+        listener = _listen(config.host, config.port)
         service = InferenceService(config)
         app = create_app(service)
         if config.metrics_port is not None:
@@ -52,15 +65,17 @@ def main(argv=None) -> int:
         threading.Thread(target=stop_if_load_fails, daemon=True).start()
         log.info("serving", url=f"http://{config.host}:{config.port}", model=config.model)
         try:
-            server.run()
+            server.run(sockets=[listener])
         finally:
             service.stop()
         if service.load_error is not None:
             error = service.load_error
+            if isinstance(error, CLI_ERRORS):
+                error = as_lmforge_error(error)
             sys.stderr.write(f"lmforge-serve: error: cannot load {config.model}: {error}\n")
             return error.exit_code if isinstance(error, LmforgeError) else 1
         return 0
-    except LmforgeError as exc:
+    except CLI_ERRORS as exc:
         return report_failure(log, "lmforge-serve", exc)
 
 

@@ -25,6 +25,8 @@ class ServeConfig(StrictModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: str = Field("/tmp/lmforge-models", description="where s3:// packages are downloaded")  # noqa: S108
     api_keys_file: str | None = Field(None, description="one key per line (a mounted Secret); unset: no auth")
+    api_docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (without authentication: "
+                                             "they describe the API, they do not call it)")
     max_tokens_limit: int = Field(1024, ge=1, description="the largest max_tokens a request may ask for")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
     retry_after_seconds: int = Field(1, ge=1, description="Retry-After sent with 429")

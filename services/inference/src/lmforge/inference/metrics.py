@@ -1,5 +1,7 @@
-"""The serving metrics (DESIGN.md names; semantics mirror vLLM's so its PromQL carries over).
-Every series has a `model_name` label. GPU series exist only when a GPU is present."""
+"""The serving metrics (docs/design.md names; semantics mirror vLLM's so its PromQL carries over).
+Every series has a `model_name` label. A gauge is absent until it has a value, never a made-up 0:
+the engine's gauges (running, waiting, KV-cache usage) appear once the engine exists, model_info
+once the model is loaded, GPU series only when a GPU is present and NVML reads it."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Callable
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from lmforge.common.metrics import new_registry
+from lmforge.common.metrics import gauge_family, new_registry
 from lmforge.inference.engine import Sequence
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -20,8 +22,9 @@ P = "lmforge_inference_"
 
 
 class ServeMetrics:
-    def __init__(self, model_name: str, device: str, counts: Callable[[], tuple[int, int]],
-                 kv_cache_usage: Callable[[], float]):
+    def __init__(self, model_name: str, device: str, counts: Callable[[], tuple[int, int] | None],
+                 kv_cache_usage: Callable[[], float | None]):
+        """`counts` (running, waiting) and `kv_cache_usage` are read at scrape time; None: no engine yet."""
         self.registry = new_registry()
         self.model_name = model_name
         labels = ["model_name"]
@@ -43,12 +46,7 @@ class ServeMetrics:
                                 labels + ["finish_reason"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens_total", "Prompt tokens processed.", labels, registry=r)
         self.generation_tokens = Counter(P + "generation_tokens_total", "Tokens generated.", labels, registry=r)
-        Gauge(P + "requests_running", "Sequences in the running batch.", labels, registry=r) \
-            .labels(model_name).set_function(lambda: counts()[0])
-        Gauge(P + "requests_waiting", "Requests waiting for a slot.", labels, registry=r) \
-            .labels(model_name).set_function(lambda: counts()[1])
-        Gauge(P + "kv_cache_usage_ratio", "Fraction of KV-cache slots in use.", labels, registry=r) \
-            .labels(model_name).set_function(kv_cache_usage)
+        r.register(EngineGauges(model_name, counts, kv_cache_usage))
         self.model_info = Gauge(P + "model_info", "The served model (value 1, once loaded).",
                                 labels + ["version", "step", "device"], registry=r)
         self.device = device
@@ -82,6 +80,24 @@ class ServeMetrics:
             self.tpot.labels(name).observe((ended_at - seq.first_token_at) / (generated - 1))
 
 
+class EngineGauges:
+    """requests_running, requests_waiting and kv_cache_usage_ratio, read at scrape time; no
+    sample before the engine exists (while the model loads, or after it failed to)."""
+
+    def __init__(self, model_name: str, counts: Callable[[], tuple[int, int] | None],
+                 kv_cache_usage: Callable[[], float | None]):
+        self.model_name, self.counts, self.kv_cache_usage = model_name, counts, kv_cache_usage
+
+    def collect(self):
+        counts = self.counts()
+        running, waiting = counts if counts is not None else (None, None)
+        labels = {"model_name": self.model_name}
+        yield gauge_family(P + "requests_running", "Sequences in the running batch.", running, labels)
+        yield gauge_family(P + "requests_waiting", "Requests waiting for a slot.", waiting, labels)
+        yield gauge_family(P + "kv_cache_usage_ratio", "Fraction of KV-cache slots in use.", self.kv_cache_usage(),
+                           labels)
+
+
 class NvmlCollector:
     """GPU utilization and memory from NVML at scrape time."""
 
@@ -103,8 +119,12 @@ class NvmlCollector:
         memory = GaugeMetricFamily(P + "gpu_memory_used_bytes", "GPU memory in use (NVML).",
                                    labels=["model_name", "gpu"])
         for index, handle in enumerate(self._handles):
-            utilization.add_metric([self.model_name, str(index)],
-                                   self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
-            memory.add_metric([self.model_name, str(index)], self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            try:
+                busy = self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
+                used = self._nvml.nvmlDeviceGetMemoryInfo(handle).used
+            except self._nvml.NVMLError:  # a GPU NVML cannot read now: no sample, and the scrape still succeeds
+                continue
+            utilization.add_metric([self.model_name, str(index)], busy)
+            memory.add_metric([self.model_name, str(index)], used)
         yield utilization
         yield memory

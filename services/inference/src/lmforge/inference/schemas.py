@@ -1,4 +1,6 @@
-"""Request and response bodies of the OpenAI-compatible API (unknown request fields are errors)."""
+"""Request and response bodies of the OpenAI-compatible API. Requests are strict: unknown
+fields are errors, and no value changes type on the way in (`true` is not the integer 1, "5"
+is not 5); a number must be finite."""
 
 from __future__ import annotations
 
@@ -6,13 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     prompt: str = Field(min_length=1)
     max_tokens: int = Field(16, ge=1)  # the upper bound is the server's max_tokens_limit
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     stop: str | list[str] | None = Field(None, validate_default=True)  # always a list once validated
     seed: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
@@ -32,7 +34,7 @@ class CompletionRequest(BaseModel):
 class ScoreRequest(BaseModel):
     """POST /v1/score: the logprob of every token of `text` after the first (for perplexity)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     text: str = Field(min_length=1)

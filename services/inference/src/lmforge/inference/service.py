@@ -4,10 +4,12 @@ turns one request into a stream of text deltas with metrics and spans when it en
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +27,9 @@ from lmforge.inference.text import Codec, TextStream
 from lmforge.inference.tracing import MonotonicClock, record_generation_spans, tracer_provider
 
 log = get_logger("inference")
+
+INLINE_TEXT_CHARS = 4096  # tokenized on the event loop (microseconds), never queued behind a long text
+TEXT_THREADS = 4
 
 
 class NotReady(Exception):
@@ -64,6 +69,7 @@ class InferenceService:
         self.loaded = threading.Event()
         self.created = int(time.time())
         self.metrics = ServeMetrics(self.model_name, self.device, self._counts, self._kv_cache_usage)
+        self._text_pool = ThreadPoolExecutor(TEXT_THREADS, thread_name_prefix="lmforge-text")
         self.tracer_provider = tracer_provider("lmforge-inference", span_exporter)
         self.tracer = self.tracer_provider.get_tracer("lmforge.inference")
         self.clock = MonotonicClock()
@@ -89,7 +95,8 @@ class InferenceService:
             self.loaded.set()
             log.info("model_loaded", model=self.config.model, model_name=self.model_name, step=meta.get("step"),
                      device=self.device, parameters=sum(p.numel() for p in model.parameters()),
-                     kv_cache_bytes=engine.cache.bytes, seconds=round(time.monotonic() - started, 2))
+                     kv_cache_bytes=engine.cache.bytes, max_chars_per_token=self.codec.max_chars_per_token,
+                     seconds=round(time.monotonic() - started, 2))
         except BaseException as exc:  # noqa: BLE001 - reported by /readyz; the CLI exits non-zero
             self.load_error = exc
             log.error("model_load_failed", model=self.config.model, error=str(exc), kind=type(exc).__name__)
@@ -102,6 +109,7 @@ class InferenceService:
     def stop(self) -> None:
         if self.runner is not None:
             self.runner.stop()
+        self._text_pool.shutdown(wait=False, cancel_futures=True)
         self.tracer_provider.shutdown()
 
     def readiness(self) -> str | None:
@@ -114,11 +122,11 @@ class InferenceService:
             return f"engine stopped: {self.runner.error}"
         return None
 
-    def _counts(self) -> tuple[int, int]:
-        return self.runner.counts() if self.runner else (0, 0)
+    def _counts(self) -> tuple[int, int] | None:
+        return self.runner.counts() if self.runner else None  # no engine yet: no value, not 0
 
-    def _kv_cache_usage(self) -> float:
-        return self.runner.engine.kv_cache_usage if self.runner else 0.0
+    def _kv_cache_usage(self) -> float | None:
+        return self.runner.engine.kv_cache_usage if self.runner else None
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -126,6 +134,18 @@ class InferenceService:
         reason = self.readiness()
         if reason is not None:
             raise NotReady(reason)
+
+    async def encode(self, text: str) -> list[int]:
+        """The token ids of `text`. A long text is tokenized on a worker thread: it takes seconds
+        at a megabyte, while the event loop goes on answering every other client and the probes."""
+        if len(text) <= INLINE_TEXT_CHARS:
+            return self.codec.encode(text)
+        return await asyncio.get_running_loop().run_in_executor(self._text_pool, self.codec.encode, text)
+
+    async def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's text (a whole context's worth is done on a worker thread)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._text_pool, lambda: [self.codec.token_text(t) for t in ids])
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Handle:
         """Raises QueueFull when the waiting queue is at capacity."""

@@ -4,9 +4,10 @@ an unfinished UTF-8 character and text that may be the start of a stop string.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
 EOT_TOKEN = "<|endoftext|>"  # noqa: S105 - the data-prep tokenizer's end-of-text token
 
@@ -15,9 +16,18 @@ class Codec:
     def __init__(self, path: str | Path):
         self.tokenizer = Tokenizer.from_file(str(path))
         self.eos_id = self.tokenizer.token_to_id(EOT_TOKEN)
+        self.max_chars_per_token = max_chars_per_token(self.tokenizer)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        # encode_batch_fast releases the GIL (encode does not) and computes no character offsets
+        # (half the time, and nothing to convert back under the GIL): a long text tokenized on
+        # a worker thread leaves the event loop free to serve everyone else.
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
+    def may_fit(self, text: str, tokens: int) -> bool:
+        """False only when `text` certainly has more than `tokens` tokens (a length check, no
+        tokenizing): its characters exceed `tokens` × the most characters one token stands for."""
+        return self.max_chars_per_token is None or len(text) <= tokens * self.max_chars_per_token
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -27,6 +37,42 @@ class Codec:
         byte-level vocabulary entry instead, so distinct tokens never look alike."""
         text = self.decode([token_id])
         return self.tokenizer.id_to_token(token_id) if "\ufffd" in text or not text else text
+
+
+_KEEPS_EVERY_CHARACTER = {"ByteLevel", "Digits", "Split"}  # pre-tokenizers that only cut the text
+
+
+def _byte_level(pre_tokenizer: dict | None) -> bool:
+    """A ByteLevel pre-tokenizer, alone or after splitters that drop no character."""
+    if pre_tokenizer is None:
+        return False
+    steps = pre_tokenizer["pretokenizers"] if pre_tokenizer["type"] == "Sequence" else [pre_tokenizer]
+    return any(step["type"] == "ByteLevel" for step in steps) and all(
+        step["type"] in _KEEPS_EVERY_CHARACTER and step.get("behavior") != "Removed" for step in steps)
+
+
+def max_chars_per_token(tokenizer: Tokenizer) -> int | None:
+    """The most characters of input one token can stand for, where the tokenizer's make-up proves
+    a bound; None where it does not.
+
+    The proof, for byte-level BPE (the data-prep tokenizer, GPT-2's, Llama 3's): the pre-tokenizer
+    maps each UTF-8 byte to one alphabet character and drops nothing; with the whole byte alphabet
+    in the vocabulary, BPE cuts that string into vocabulary entries, so a token spans as many bytes
+    as its entry has characters, and a character is at least one byte. An added token spans its own
+    content. So a text of n characters has at least n / (the longest entry) tokens. Anything that can
+    fold many characters into fewer (a normalizer, an unknown-token fallback, an added token that
+    swallows the whitespace beside it) voids the argument."""
+    spec = json.loads(tokenizer.to_str())
+    model, added = spec["model"], spec.get("added_tokens") or []
+    if spec.get("normalizer") is not None or model.get("type") != "BPE" or not _byte_level(spec.get("pre_tokenizer")):
+        return None
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        return None
+    if not set(pre_tokenizers.ByteLevel.alphabet()) <= model["vocab"].keys():
+        return None
+    if any(token.get("lstrip") or token.get("rstrip") for token in added):
+        return None
+    return max([len(entry) for entry in model["vocab"]] + [len(token["content"]) for token in added])
 
 
 class TextStream:

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from lmforge.common.errors import LmforgeError, report_failure
+from lmforge.common.errors import CLI_ERRORS, report_failure
 from lmforge.common.logging import get_logger
 from lmforge.trainer.config import load_train_config
 from lmforge.trainer.train import train
@@ -16,7 +16,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         train(load_train_config(args.config, args.overrides))
-    except LmforgeError as exc:
+    except CLI_ERRORS as exc:
         return report_failure(get_logger("trainer"), "lmforge trainer", exc)
     return 0
 

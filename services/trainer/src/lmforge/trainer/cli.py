@@ -1,13 +1,16 @@
-"""`lmforge-train`: `run` and `preflight` start torchrun for you; `export` writes the serving package."""
+"""`lmforge-train`: `run` and `preflight` start torchrun for you; `export` writes the serving package;
+`report` draws a run's report.html from its metrics.jsonl."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import CLI_ERRORS, InputError, report_failure
 from lmforge.common.logging import get_logger
+from lmforge.trainer.report_html import write_report
 
 
 def main(argv=None) -> int:
@@ -24,7 +27,13 @@ def main(argv=None) -> int:
     export = sub.add_parser("export", help="a committed checkpoint → model.safetensors, config.json, tokenizer.json")
     export.add_argument("--checkpoint", required=True)
     export.add_argument("--output", required=True)
+    report = sub.add_parser("report", help="RUN_DIR/metrics.jsonl → a self-contained report.html (the trainer "
+                                           "also writes it at each checkpoint and at the end)")
+    report.add_argument("--run-dir", required=True)
+    report.add_argument("--output", help="default: RUN_DIR/report.html")
     args = parser.parse_args(argv)
+    if args.command == "report":
+        return _report(args.run_dir, args.output)
     if args.command in ("run", "preflight"):
         module = "lmforge.trainer" if args.command == "run" else "lmforge.trainer.preflight"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
@@ -35,9 +44,19 @@ def main(argv=None) -> int:
 
         path = export_package(args.checkpoint, args.output)
         get_logger("trainer").info("exported", checkpoint=args.checkpoint, output=str(path))
-    except LmforgeError as exc:
-        sys.stderr.write(f"lmforge-train export: error: {exc}\n")
-        return exc.exit_code
+    except CLI_ERRORS as exc:
+        return report_failure(get_logger("trainer"), "lmforge-train export", exc)
+    return 0
+
+
+def _report(run_dir: str, output: str | None) -> int:
+    try:
+        if not (Path(run_dir) / "metrics.jsonl").is_file():
+            raise InputError(f"{run_dir} has no metrics.jsonl: not a run directory, or the run logged nothing yet")
+        path = write_report(Path(run_dir), Path(output) if output else None)
+    except CLI_ERRORS as exc:
+        return report_failure(get_logger("trainer"), "lmforge-train report", exc)
+    get_logger("trainer").info("report_written", path=str(path))
     return 0
 
 

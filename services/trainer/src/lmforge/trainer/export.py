@@ -1,4 +1,5 @@
-"""`lmforge-train export`: a committed checkpoint → the serving package (model_package)."""
+"""`lmforge-train export`: a committed checkpoint → the serving package (model_package).
+The checkpoint is read through checkpoint_reader: nothing in it is run as code."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ import json
 import tempfile
 from pathlib import Path
 
-import torch.distributed.checkpoint as dcp
-
 from lmforge.common import model_package
+from lmforge.common.checkpoint_layout import BAD_MARKER, COMMIT_MARKER
 from lmforge.common.errors import InputError, StorageError
 from lmforge.common.model import GPT
 from lmforge.common.storage import S3Store, scheme_of
-from lmforge.trainer.checkpoint import COMMIT_MARKER
+from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.config import TrainConfig
 
 
@@ -21,6 +21,8 @@ def export(checkpoint: str | Path, output: str | Path) -> Path:
     checkpoint, output = Path(checkpoint), Path(output)
     if not (checkpoint / COMMIT_MARKER).exists():
         raise InputError(f"{checkpoint}: not a committed checkpoint (no {COMMIT_MARKER})")
+    if (checkpoint / BAD_MARKER).exists():
+        raise InputError(f"{checkpoint}: marked bad by the trainer (it failed to load; see its {BAD_MARKER} file)")
     meta = json.loads((checkpoint / "meta.json").read_text())
     config = TrainConfig.model_validate(meta["config"])
     with tempfile.TemporaryDirectory(prefix="lmforge-export-") as scratch:
@@ -30,7 +32,7 @@ def export(checkpoint: str | Path, output: str | Path) -> Path:
         vocab_size = json.loads(manifest.read_text())["tokenizer"]["vocab_size"]
         model = GPT(config.model.build(vocab_size=vocab_size))
         state = {"model": model.state_dict()}
-        dcp.load(state, checkpoint_id=str(checkpoint))  # consolidates the shards of any world size
+        load_state(state, SafeFileSystemReader(checkpoint))  # consolidates the shards of any world size
         model.load_state_dict(state["model"])
         model_package.write_package(model, tokenizer, output, step=meta["step"])
     return output

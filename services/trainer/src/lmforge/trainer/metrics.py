@@ -1,16 +1,14 @@
-"""Training telemetry: the per-step figures (MFU, memory, state bytes), the Prometheus
-endpoint on rank 0 (DESIGN.md names) and metrics.jsonl."""
+"""Training telemetry: the per-step figures (MFU, memory, state bytes) and the Prometheus
+endpoint on rank 0 (docs/design.md names); metrics.jsonl is metrics_file's."""
 
 from __future__ import annotations
 
-import json
 import resource
-from pathlib import Path
 
 import torch
 from prometheus_client import Counter, Gauge
 
-from lmforge.common.metrics import new_registry, serve_metrics
+from lmforge.common.metrics import AbsentUntilSetGauge, new_registry, serve_metrics
 
 # Dense bf16 peak FLOP/s per device, from the vendors' datasheets (no sparsity).
 PEAK_FLOPS = {
@@ -56,35 +54,23 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     return {**sizes, "total": sum(sizes.values())}
 
 
-class MetricsFile:
-    """metrics.jsonl in the run directory (rank 0), one object per logged step."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-
-    def write(self, record: dict) -> None:
-        self._fh.write(json.dumps(record) + "\n")
-        self._fh.flush()
-
-    def close(self) -> None:
-        self._fh.close()
-
-
 class TrainMetrics:
-    """The trainer's Prometheus metrics, served by rank 0; per-rank gauges carry `rank`."""
+    """The trainer's Prometheus metrics, served by rank 0; per-rank gauges carry `rank`. Each
+    gauge is absent until this process has its value (the first logged step, the first
+    evaluation, the first save; MFU only with a known peak), so a restart or a slow restore
+    shows a gap, not zeros that pull down averages and fire the loss-spike alert."""
 
     def __init__(self):
         self.registry = new_registry()
         r = self.registry
-        self.step = Gauge("lmforge_train_step", "Last completed optimizer step", registry=r)
-        self.loss = Gauge("lmforge_train_loss", "Training loss (mean over ranks)", registry=r)
-        self.val_loss = Gauge("lmforge_train_val_loss", "Validation loss at the last evaluation", registry=r)
-        self.grad_norm = Gauge("lmforge_train_grad_norm", "Global gradient norm before clipping", registry=r)
-        self.learning_rate = Gauge("lmforge_train_learning_rate", "Learning rate", registry=r)
-        self.tokens_per_second = Gauge("lmforge_train_tokens_per_second", "Tokens per second, all ranks",
-                                       registry=r)
-        self.mfu = Gauge("lmforge_train_mfu_ratio", "Model FLOPs utilization per device", registry=r)
+        self.step = AbsentUntilSetGauge("lmforge_train_step", "Last completed optimizer step", r)
+        self.loss = AbsentUntilSetGauge("lmforge_train_loss", "Training loss (mean over ranks)", r)
+        self.val_loss = AbsentUntilSetGauge("lmforge_train_val_loss", "Validation loss at the last evaluation", r)
+        self.grad_norm = AbsentUntilSetGauge("lmforge_train_grad_norm", "Global gradient norm before clipping", r)
+        self.learning_rate = AbsentUntilSetGauge("lmforge_train_learning_rate", "Learning rate", r)
+        self.tokens_per_second = AbsentUntilSetGauge("lmforge_train_tokens_per_second",
+                                                     "Tokens per second, all ranks", r)
+        self.mfu = AbsentUntilSetGauge("lmforge_train_mfu_ratio", "Model FLOPs utilization per device", r)
         self.step_seconds = Gauge("lmforge_train_step_seconds", "Step wall time", ["rank"], registry=r)
         self.data_wait = Gauge("lmforge_train_data_wait_seconds", "Time the step waited for data", ["rank"],
                                registry=r)
@@ -92,11 +78,10 @@ class TrainMetrics:
                                  registry=r)
         self.nonfinite = Counter("lmforge_train_nonfinite_steps", "Steps skipped for a non-finite loss or gradient",
                                  registry=r)
-        self.last_checkpoint = Gauge("lmforge_train_last_checkpoint_step",
-                                     "Step of the last committed checkpoint (-1: none yet)", registry=r)
-        self.last_checkpoint.set(-1)
-        self.checkpoint_stall = Gauge("lmforge_train_checkpoint_stall_seconds",
-                                      "Seconds the last checkpoint save blocked training", registry=r)
+        self.last_checkpoint = AbsentUntilSetGauge("lmforge_train_last_checkpoint_step",
+                                                   "Step of the last committed checkpoint (-1: none yet)", r)
+        self.checkpoint_stall = AbsentUntilSetGauge("lmforge_train_checkpoint_stall_seconds",
+                                                    "Seconds the last checkpoint save blocked training", r)
         self.server = None
 
     def serve(self, port: int) -> int:
@@ -104,6 +89,9 @@ class TrainMetrics:
         return self.server.server_port
 
     def observe_step(self, record: dict, per_rank: list[dict]) -> None:
+        if self.last_checkpoint.value is None:
+            # A resumed run reports its restored step before its first step, so none reported means none.
+            self.last_checkpoint.set(-1)
         self.step.set(record["step"])
         self.loss.set(record["loss"])
         self.grad_norm.set(record["grad_norm"])

@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 
 from lmforge.common.errors import ConfigError
 from lmforge.common.logging import get_logger
+from lmforge.common.storage import atomic_write_bytes
 
 if TYPE_CHECKING:
     from lmforge.trainer.config import TrackingSection
@@ -143,10 +144,7 @@ def _load_state(run_dir: Path) -> dict[str, Any]:
 
 
 def _save_state(run_dir: Path, state: dict[str, Any]) -> None:
-    path = run_dir / STATE_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    atomic_write_bytes(run_dir / STATE_FILE, json.dumps(state, indent=1, sort_keys=True).encode())
 
 
 class _MLflow:

@@ -7,9 +7,10 @@ split); this file only sequences them.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import Counter
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,11 +25,13 @@ from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_lates
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.data import MixtureSampler, ShardSource
 from lmforge.trainer.data_sync import sync_sources
-from lmforge.trainer.metrics import MetricsFile, TrainMetrics, device_peak_flops, peak_memory_bytes, state_bytes
+from lmforge.trainer.metrics import TrainMetrics, device_peak_flops, peak_memory_bytes, state_bytes
+from lmforge.trainer.metrics_file import MetricsFile
 from lmforge.trainer.optim import build_optimizer, learning_rate
 from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
+from lmforge.trainer.report_html import write_report
 from lmforge.trainer.tracking import open_trackers
 
 
@@ -87,16 +90,18 @@ def gather_rank_figures(figures: list[float], ctx: Dist) -> list[list[float]]:
 
 
 class Run:
-    """What the loop logs to: JSON lines on every rank; metrics.jsonl, Prometheus and the
-    experiment trackers on rank 0."""
+    """What the loop logs to: JSON lines on every rank; metrics.jsonl (and report.html drawn
+    from it), Prometheus and the experiment trackers on rank 0."""
 
     def __init__(self, config: TrainConfig, ctx: Dist):
         self.ctx = ctx
         self.log = get_logger("trainer", rank=ctx.rank)
         self.file = self.prometheus = self.trackers = None
+        self.run_dir = Path(config.run_dir)
+        self._checkpoint_step: int | None = None
         if not ctx.is_main:
             return
-        run_dir = Path(config.run_dir)
+        run_dir = self.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config.model_dump_json(indent=1))
         self.file = MetricsFile(run_dir / "metrics.jsonl")
@@ -114,9 +119,37 @@ class Run:
         if self.trackers and kind in ("step", "eval"):
             self.trackers.log(record["step"], {k: v for k, v in record.items() if k != "step"})
 
+    def start(self, resumed_from: int | None, steps: int) -> None:
+        """The attempt's first record: the checkpoint it resumed from (None: from scratch)."""
+        self._checkpoint_step = resumed_from
+        if self.prometheus and resumed_from is not None:
+            self.prometheus.last_checkpoint.set(resumed_from)
+        if self.file:
+            self.log.info("attempt_started", attempt=self.file.attempt, resumed_from=resumed_from)
+        first = 0 if resumed_from is None else resumed_from + 1
+        self.record("start", {"timestamp": time.time(), "resumed_from": resumed_from, "first_step": first,
+                              "steps": steps, "world_size": self.ctx.world_size,
+                              "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))},
+                    console=False)
+
     def checkpoint_committed(self, step: int | None) -> None:
-        if self.prometheus and step is not None:
+        """Called after every step with the newest committed step; records each commit once."""
+        if step is None or step == self._checkpoint_step:
+            return
+        self._checkpoint_step = step
+        if self.prometheus:
             self.prometheus.last_checkpoint.set(step)
+        self.record("checkpoint", {"step": step, "timestamp": time.time()}, console=False)
+        self.write_report()  # a killed attempt leaves the report as of its last checkpoint
+
+    def write_report(self) -> None:
+        if not self.file:
+            return
+        try:
+            write_report(self.run_dir)
+        except Exception as exc:  # the report is only a view of metrics.jsonl: training goes on regardless
+            self.log.warning("report_not_written", path=str(self.run_dir / "report.html"),
+                             error=f"{type(exc).__name__}: {exc}")
 
     def close(self, failed: bool) -> None:
         if self.trackers:
@@ -124,7 +157,14 @@ class Run:
         if self.prometheus:
             self.prometheus.close()
         if self.file:
-            self.file.close()
+            try:
+                self.record("end", {"timestamp": time.time(), "status": "failed" if failed else "finished"},
+                            console=False)
+            except OSError as exc:  # a full disk must not replace the error that ended the run
+                self.log.warning("metrics_not_written", path=str(self.run_dir / "metrics.jsonl"), error=str(exc))
+            with suppress(OSError):  # (the same failed write again; the file is closed all the same)
+                self.file.close()
+            self.write_report()
 
 
 def train(config: TrainConfig) -> list[float]:
@@ -166,12 +206,13 @@ def _train(config: TrainConfig, ctx: Dist, run: Run, paths: list[Path], sampler:
     checkpointer = Checkpointer(checkpoints, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save,
                                 timeout_seconds=config.parallel.timeout_seconds,
                                 purge_requires_upload=config.checkpoint.purge_requires_upload)
-    start_step, best_val = 0, math.inf
+    start_step, best_val, resumed_from = 0, math.inf, None
     if config.checkpoint.resume and (loaded := load_latest(checkpoints, model, optimizer)) is not None:
-        start_step = loaded["step"] + 1
-        run.checkpoint_committed(loaded["step"])
+        resumed_from = loaded["step"]
+        start_step = resumed_from + 1
         best = best_checkpoint(checkpoints)
         best_val = best["val_loss"] if best else math.inf
+    run.start(resumed_from, config.steps)
     val_sampler = build_sampler(config, paths, "val") if config.eval_every else None
 
     delay = faults.data_delay(ctx.rank)

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lmforge.common.errors import LmforgeError, report_failure
+from lmforge.common.errors import CLI_ERRORS, report_failure
 from lmforge.common.logging import get_logger
 from lmforge.uploader.config import load_uploader_config
 from lmforge.uploader.metrics import UploaderMetrics
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
             metrics.close()
         log.info("exited", reason="stopped" if uploader.stopping.is_set() else "done")
         return 0
-    except LmforgeError as exc:
+    except CLI_ERRORS as exc:
         return report_failure(log, f"lmforge-uploader {args.command}", exc)
 
 

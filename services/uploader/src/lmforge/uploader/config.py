@@ -32,7 +32,17 @@ class UploaderConfig(StrictModel):
     free_disk_above: float | None = Field(
         None, gt=0, lt=1, description="delete uploaded local checkpoints (never the newest) above this volume usage")
     grace_seconds: float = Field(30.0, ge=0, description="on SIGTERM: time to finish the upload in flight")
-    retry_failed_after_seconds: float = Field(30.0, ge=0, description="wait before retrying a failed checkpoint")
+    retry_failed_after_seconds: float = Field(30.0, ge=0, description="wait before retrying a failed checkpoint; "
+                                              "doubles with each further failure of it")
+    retry_failed_max_seconds: float = Field(600.0, gt=0, description="the longest wait before retrying a failed "
+                                            "checkpoint")
+    identity: str = Field("", max_length=200, description="this uploader's name on its lease in the store: unique "
+                          "among the run's live uploaders (the chart: the pod's name); '' = host name and process "
+                          "id. Open uploads under a lease of this name were left by a dead predecessor")
+    stale_upload_seconds: float = Field(
+        300.0, ge=5, description="an open multipart upload, or a checkpoint without its manifest, that no live "
+        "uploader's lease claims and that is older than this is stale: aborted or removed. A lease is live while "
+        "refreshed (every quarter of this)")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics (0: off)")
 
 

@@ -1,10 +1,13 @@
-"""The uploader's Prometheus metrics (DESIGN.md names)."""
+"""The uploader's Prometheus metrics (docs/design.md names). The gauges are absent until the
+sidecar knows their value: the last uploaded step once it has read the store (-1: the store has
+none), pending checkpoints after its first pass, the lag after its first upload. A placeholder
+read at a restart would count as a change in LmforgeCheckpointUploadStalled."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
-from lmforge.common.metrics import new_registry, serve_metrics
+from lmforge.common.metrics import AbsentUntilSetGauge, new_registry, serve_metrics
 
 
 class UploaderMetrics:
@@ -15,14 +18,13 @@ class UploaderMetrics:
                                 ["reason"], registry=r)
         self.upload_seconds = Histogram("lmforge_uploader_upload_seconds", "Time to upload one checkpoint",
                                         buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 2400, 3600), registry=r)
-        self.last_uploaded_step = Gauge("lmforge_uploader_last_uploaded_step",
-                                        "Step of the newest checkpoint whose manifest is in the store (-1: none)",
-                                        registry=r)
-        self.last_uploaded_step.set(-1)
-        self.lag_seconds = Gauge("lmforge_uploader_lag_seconds",
-                                 "Commit marker to manifest, for the last uploaded checkpoint", registry=r)
-        self.pending = Gauge("lmforge_uploader_pending_checkpoints", "Committed checkpoints not yet uploaded",
-                             registry=r)
+        self.last_uploaded_step = AbsentUntilSetGauge(
+            "lmforge_uploader_last_uploaded_step",
+            "Step of the newest checkpoint whose manifest is in the store (-1: none)", r)
+        self.lag_seconds = AbsentUntilSetGauge("lmforge_uploader_lag_seconds",
+                                               "Commit marker to manifest, for the last uploaded checkpoint", r)
+        self.pending = AbsentUntilSetGauge("lmforge_uploader_pending_checkpoints",
+                                           "Committed checkpoints not yet uploaded", r)
         self.server = None
 
     def serve(self, port: int) -> int:

@@ -5,6 +5,10 @@ S3 uploads are multipart above one part size: parts go in parallel, each with a 
 checksum that S3 verifies; a failed or cancelled upload is aborted, so no parts are left
 behind. Downloads of large objects are parallel ranged GETs. Every request goes through
 the RetryPolicy (botocore's own retries are off so that policy is the only one).
+
+Ages (of objects, of open uploads) are measured on the store's clock (the response's Date
+header against LastModified/Initiated), so a skewed local clock cannot make a live upload
+look stale.
 """
 
 from __future__ import annotations
@@ -14,8 +18,13 @@ import hashlib
 import os
 import shutil
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -45,6 +54,31 @@ def _crc32c_b64(data) -> str:
 
 def _error_code(exc: ClientError) -> str:
     return exc.response.get("Error", {}).get("Code", "")
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    size: int
+    age_seconds: float  # since LastModified, on the store's clock
+
+
+@dataclass(frozen=True)
+class OpenUpload:
+    """An upload begun and neither completed nor aborted (S3: a multipart upload; file://
+    a temp file)."""
+
+    rel: str
+    upload_id: str
+    age_seconds: float  # since it was initiated, on the store's clock
+
+
+def _server_now(response: dict) -> datetime:
+    """The store's clock at `response` (its Date header); the local clock if it has none."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return datetime.now(UTC)
 
 
 class S3Destination:
@@ -98,15 +132,21 @@ class S3Destination:
 
     def list(self, rel_prefix: str) -> dict[str, int]:
         """Every object under rel_prefix: relative key → size."""
-        found: dict[str, int] = {}
+        return {rel: obj.size for rel, obj in self.listing(rel_prefix).items()}
+
+    def listing(self, rel_prefix: str) -> dict[str, StoredObject]:
+        """Every object under rel_prefix: relative key → size and age."""
+        found: dict[str, StoredObject] = {}
         paginator = self.client.get_paginator("list_objects_v2")
         base = self.key(rel_prefix)
 
         def page_all():
             found.clear()
             for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
+                now = _server_now(page)
                 for item in page.get("Contents", []):
-                    found[item["Key"][len(self.key("")) :]] = item["Size"]
+                    found[item["Key"][len(self.key("")) :]] = StoredObject(
+                        item["Size"], (now - item["LastModified"]).total_seconds())
             return found
 
         return self.retry.call(f"list {rel_prefix}", page_all)
@@ -215,22 +255,32 @@ class S3Destination:
         try:
             RetryPolicy(attempts=5).call(f"abort {key}", lambda: self.client.abort_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id))
-        except Exception:  # noqa: S110 - best effort; abort_open_uploads sweeps leftovers at start
+        except Exception:  # noqa: S110 - best effort; the uploader's sweep aborts stale leftovers later
             pass
 
-    def abort_open_uploads(self, rel_prefix: str) -> int:
-        """Abort multipart uploads left open under rel_prefix (by a killed predecessor)."""
-        response = self.retry.call("list uploads", lambda: self.client.list_multipart_uploads(
-            Bucket=self.bucket, Prefix=self.key(rel_prefix)))
-        uploads = response.get("Uploads", [])
-        for upload in uploads:
-            self.abort(upload["Key"], upload["UploadId"])
-        return len(uploads)
+    def open_uploads(self, rel_prefix: str) -> list[OpenUpload]:
+        """Multipart uploads open under rel_prefix, whoever began them."""
+        paginator = self.client.get_paginator("list_multipart_uploads")
 
-    def delete(self, rels: list[str]) -> None:
+        def page_all():
+            found = []
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.key(rel_prefix)):
+                now = _server_now(page)
+                found += [OpenUpload(u["Key"][len(self.key("")) :], u["UploadId"],
+                                     (now - u["Initiated"]).total_seconds()) for u in page.get("Uploads", [])]
+            return found
+
+        return self.retry.call(f"list uploads {rel_prefix}", page_all)
+
+    def abort_upload(self, upload: OpenUpload) -> None:
+        self.abort(self.key(upload.rel), upload.upload_id)
+
+    def delete(self, rels: list[str], *, cancellable: bool = True) -> None:
+        """cancellable=False: done even after the grace period is over (cleaning up after oneself)."""
+        retry = self.retry if cancellable else RetryPolicy(attempts=3, base_seconds=0.2)
         for start in range(0, len(rels), 1000):
             batch = [{"Key": self.key(rel)} for rel in rels[start : start + 1000]]
-            self.retry.call("delete", lambda batch=batch: self.client.delete_objects(
+            retry.call("delete", lambda batch=batch: self.client.delete_objects(
                 Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}))
 
     def close(self) -> None:
@@ -255,11 +305,23 @@ class FileDestination:
         return path.read_bytes() if path.is_file() else None
 
     def list(self, rel_prefix: str) -> dict[str, int]:
+        return {rel: obj.size for rel, obj in self.listing(rel_prefix).items()}
+
+    def listing(self, rel_prefix: str) -> dict[str, StoredObject]:
+        now = time.time()
+        return {p.relative_to(self.root).as_posix(): StoredObject(st.st_size, now - st.st_mtime)
+                for p, st in self._files(rel_prefix, temp=False)}
+
+    def _files(self, rel_prefix: str, *, temp: bool):
         base = self.root / rel_prefix
         if not base.exists():
-            return {}
-        return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in base.rglob("*")
-                if p.is_file() and not p.name.startswith(".tmp-")}
+            return
+        for path in base.rglob("*"):
+            try:
+                if path.is_file() and path.name.startswith(".tmp-") == temp:
+                    yield path, path.stat()
+            except FileNotFoundError:  # renamed or removed by a concurrent writer
+                continue
 
     def download(self, rel: str, target: Path, size: int, progress: Progress | None = None) -> None:
         shutil.copyfile(self.root / rel, target)
@@ -275,24 +337,30 @@ class FileDestination:
             raise Cancelled(rel)
         target = self.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.with_name(f".tmp-{target.name}")
+        temp = target.with_name(f".tmp-{uuid.uuid4().hex[:12]}-{target.name}")  # one per writer
         digest = hashlib.sha256()
-        with open(path, "rb") as src, open(temp, "wb") as dst:
-            while block := src.read(8 << 20):
-                digest.update(block)
-                dst.write(block)
-        os.replace(temp, target)
+        try:
+            with open(path, "rb") as src, open(temp, "wb") as dst:
+                while block := src.read(8 << 20):
+                    digest.update(block)
+                    dst.write(block)
+            os.replace(temp, target)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
         if progress:
             progress(path.stat().st_size)
         return digest.hexdigest()
 
-    def abort_open_uploads(self, rel_prefix: str) -> int:
-        leftovers = list((self.root / rel_prefix).rglob(".tmp-*")) if (self.root / rel_prefix).exists() else []
-        for path in leftovers:
-            path.unlink(missing_ok=True)
-        return len(leftovers)
+    def open_uploads(self, rel_prefix: str) -> list[OpenUpload]:
+        now = time.time()
+        return [OpenUpload(rel := p.relative_to(self.root).as_posix(), rel, now - st.st_mtime)
+                for p, st in self._files(rel_prefix, temp=True)]
 
-    def delete(self, rels: list[str]) -> None:
+    def abort_upload(self, upload: OpenUpload) -> None:
+        (self.root / upload.upload_id).unlink(missing_ok=True)
+
+    def delete(self, rels: list[str], *, cancellable: bool = True) -> None:
         for rel in rels:
             (self.root / rel).unlink(missing_ok=True)
 

@@ -8,6 +8,15 @@ UPLOADED marker records that, so a restarted sidecar does not hash it again; wit
 marker, a manifest already in the store is checked against the local files, and files an
 interrupted sidecar had sent whole (its journal in the step directory) are not sent again.
 Each file is read once: the same pass feeds the manifest's sha256 and the parts' CRC32C.
+
+Several uploaders may share one destination (a pod being replaced while its successor
+starts): each claims the step it writes in a lease (lease.py), and leaves alone what
+another's live lease claims — its open uploads, and its checkpoint not yet published.
+A checkpoint that failed to upload is retried, each time after twice the wait.
+
+A checkpoint the trainer marked BAD (it failed to load) is never uploaded, nor counted as
+the newest or best; when the store holds the same files, the marker is published beside
+them so that restore passes over it too.
 """
 
 from __future__ import annotations
@@ -20,8 +29,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from lmforge.common.checkpoint_layout import (
+    BAD_MARKER,
     COMMIT_MARKER,
     UPLOADED_MARKER,
+    bad_steps,
     best_checkpoint,
     committed_steps,
     parse_step,
@@ -29,14 +40,16 @@ from lmforge.common.checkpoint_layout import (
 )
 from lmforge.common.errors import LmforgeError
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import atomic_write_bytes, sha256_file
+from lmforge.common.storage import atomic_write_bytes
 from lmforge.uploader.config import UploaderConfig
+from lmforge.uploader.lease import Claims, UploadLease
 from lmforge.uploader.manifest import (
     JOURNAL,
     MANIFEST,
     FileEntry,
     build_manifest,
     checkpoint_files,
+    local_mismatch,
     parse_manifest,
     remote_step_prefix,
 )
@@ -105,7 +118,12 @@ class CheckpointUploader:
         self.final_uploaded = False
         self.last_uploaded_step = -1
         self._manifests: dict[int, dict] = {}
-        self._failed_at: dict[int, float] = {}
+        self._remote_bad: set[int] = set()  # steps marked BAD in the store
+        self._bad_checked: set[int] = set()  # local BAD steps already compared with the store
+        self._retry_at: dict[int, float] = {}  # failed steps: when they may be tried again
+        self._failures: dict[int, int] = {}
+        self._swept_at = -1e18
+        self.lease = UploadLease(destination, config.identity, config.stale_upload_seconds)
         self._files = ThreadPoolExecutor(2, thread_name_prefix="lmforge-file")
 
     # -- the store's view ----------------------------------------------------------------
@@ -115,6 +133,8 @@ class CheckpointUploader:
         manifest never changes once written, so each is fetched only the first time."""
         listing = self.dest.list("checkpoints/")
         manifests = {}
+        self._remote_bad = {step for rel in listing if len(parts := rel.split("/")) == 3 and parts[2] == BAD_MARKER
+                            and (step := parse_step(parts[1])) is not None}
         for rel in listing:
             parts = rel.split("/")
             if len(parts) == 3 and parts[2] == MANIFEST and (step := parse_step(parts[1])) is not None:
@@ -129,26 +149,39 @@ class CheckpointUploader:
 
     def start(self) -> None:
         self.dest.check()
-        leftovers = self.dest.abort_open_uploads("checkpoints/")
-        if leftovers:
-            log.info("aborted_leftover_uploads", count=leftovers)
+        self.sweep()
         manifests = self.remote_manifests()
         if manifests:
             self.last_uploaded_step = max(manifests)
-            self.metrics.last_uploaded_step.set(self.last_uploaded_step)
-        log.info("started", dir=str(self.local_dir), dest=self.dest.uri, in_store=sorted(manifests))
+        self.metrics.last_uploaded_step.set(self.last_uploaded_step)  # known now: -1 when the store has none
+        log.info("started", dir=str(self.local_dir), dest=self.dest.uri, in_store=sorted(manifests),
+                 identity=self.lease.identity)
+
+    def sweep(self) -> None:
+        """Abort the open uploads that are provably leftovers (never another uploader's live one)."""
+        self._swept_at = time.monotonic()
+        aborted = self.lease.abort_stale_uploads("checkpoints/")
+        if aborted:
+            log.info("aborted_leftover_uploads", count=aborted)
 
     # -- one pass ------------------------------------------------------------------------
 
     def candidates(self, manifests: dict[int, dict]) -> list[int]:
         """Committed local checkpoints not yet in the store: the newest `keep` and the best
-        (others would be pruned at once), oldest first, skipping recent failures for a while."""
+        (others would be pruned at once), oldest first, skipping failed ones until their retry time."""
         committed = committed_steps(self.local_dir)
         best = best_checkpoint(self.local_dir)
         wanted = sorted(set(committed[-self.config.keep :]) | ({best["step"]} if best else set()))
         now = time.monotonic()
-        return [s for s in wanted if not self._in_store(s, manifests)
-                and now - self._failed_at.get(s, -1e18) >= self.config.retry_failed_after_seconds]
+        return [s for s in wanted if not self._in_store(s, manifests) and now >= self._retry_at.get(s, -1e18)]
+
+    def _failed(self, step: int) -> float:
+        """Record a failed upload of `step`; returns the wait before its next try."""
+        failures = self._failures[step] = self._failures.get(step, 0) + 1
+        wait_seconds = min(self.config.retry_failed_after_seconds * 2 ** (failures - 1),
+                           self.config.retry_failed_max_seconds)
+        self._retry_at[step] = time.monotonic() + wait_seconds
+        return wait_seconds
 
     def _in_store(self, step: int, manifests: dict[int, dict]) -> bool:
         path = step_dir(self.local_dir, step)
@@ -157,11 +190,8 @@ class CheckpointUploader:
         if (path / UPLOADED_MARKER).exists():
             return True
         # A manifest from an earlier sidecar: trust it only if it describes these files.
-        local = {p.relative_to(path).as_posix(): p for p in checkpoint_files(path)}
-        entries = manifests[step]["files"]
-        if set(local) != {e.path for e in entries} or any(
-                local[e.path].stat().st_size != e.size or sha256_file(local[e.path]) != e.sha256 for e in entries):
-            log.warning("manifest_mismatch", step=step, action="uploading again")
+        if (problem := local_mismatch(path, manifests[step])) is not None:
+            log.warning("manifest_mismatch", step=step, reason=problem, action="uploading again")
             return False
         atomic_write_bytes(path / UPLOADED_MARKER, b"")
         return True
@@ -173,6 +203,8 @@ class CheckpointUploader:
         the end of the grace period stops it)."""
         uploaded: list[int] = []
         try:
+            if time.monotonic() - self._swept_at >= self.config.stale_upload_seconds:
+                self.sweep()  # leftovers of uploaders that died since the last sweep
             manifests = self.remote_manifests()
             pending = self.candidates(manifests)
             self.metrics.pending.set(len(pending))
@@ -181,7 +213,10 @@ class CheckpointUploader:
                     break
                 if self.upload_step(step):
                     uploaded.append(step)
-            self.prune(self.remote_manifests() if uploaded else manifests)
+            if uploaded:
+                manifests = self.remote_manifests()
+            self.publish_bad(manifests)
+            self.prune(manifests)
         except Exception as exc:  # the sidecar outlives a bad minute of the store
             self.metrics.failures.labels(reason=type(exc).__name__).inc()
             log.error("pass_failed", error=f"{type(exc).__name__}: {exc}", retry_in_seconds=self.config.poll_seconds)
@@ -197,8 +232,10 @@ class CheckpointUploader:
         started = time.monotonic()
         try:
             committed_at = (path / COMMIT_MARKER).stat().st_mtime
-            entries = self._upload_files(step, path)
-            self.dest.put_bytes(remote_step_prefix(step) + MANIFEST, build_manifest(step, entries, read_meta(path)))
+            with self.lease.claim(remote_step_prefix(step)):
+                entries = self._upload_files(step, path)
+                self.dest.put_bytes(remote_step_prefix(step) + MANIFEST,
+                                    build_manifest(step, entries, read_meta(path)))
             self._manifests.pop(step, None)  # replaced: fetch the new one next time
         except Cancelled:
             log.warning("upload_cancelled", step=step, reason="shutdown grace period over; nothing published")
@@ -208,16 +245,17 @@ class CheckpointUploader:
             log.warning("upload_skipped", step=step, reason=f"removed locally while uploading ({exc.filename})")
             return False
         except Exception as exc:  # counted, logged, retried on a later pass: never silent
-            self._failed_at[step] = time.monotonic()
+            retry_in = self._failed(step)
             self.metrics.failures.labels(reason=type(exc).__name__).inc()
             log.error("upload_failed", step=step, error=f"{type(exc).__name__}: {exc}",
-                      retry_in_seconds=self.config.retry_failed_after_seconds)
+                      failures=self._failures[step], retry_in_seconds=round(retry_in, 3))
             return False
         atomic_write_bytes(path / UPLOADED_MARKER, b"")
         (path / JOURNAL).unlink(missing_ok=True)
         seconds = time.monotonic() - started
         lag = time.time() - committed_at
-        self._failed_at.pop(step, None)
+        self._retry_at.pop(step, None)
+        self._failures.pop(step, None)
         self.metrics.upload_seconds.observe(seconds)
         self.last_uploaded_step = max(step, self.last_uploaded_step)
         self.metrics.last_uploaded_step.set(self.last_uploaded_step)
@@ -231,7 +269,10 @@ class CheckpointUploader:
         files = checkpoint_files(path)
         if not files:
             raise CheckpointVanished(f"{path}: no files")
-        remote = self.dest.list(remote_step_prefix(step))
+        remote = self.dest.listing(remote_step_prefix(step))
+        # A file sent by an earlier attempt is reused only while young: a prune removes a
+        # checkpoint without a manifest only once all its files are older than the stale age.
+        fresh = self.config.stale_upload_seconds / 2
         journal = UploadJournal(path / JOURNAL)
         stop = _Either(self.cancel, threading.Event())  # shutdown, or another file of this checkpoint failed
 
@@ -241,7 +282,8 @@ class CheckpointUploader:
                 size = file.stat().st_size
                 key = remote_step_prefix(step) + rel
                 done = journal.get(rel)
-                if done and done.size == size and remote.get(key) == size:
+                sent = remote.get(key)
+                if done and done.size == size and sent and sent.size == size and sent.age_seconds < fresh:
                     return done  # sent completely by an earlier, interrupted sidecar
                 digest = self.dest.upload_file(file, key, stop, progress=self.metrics.uploaded_bytes.inc)
                 entry = FileEntry(rel, size, digest)
@@ -255,31 +297,69 @@ class CheckpointUploader:
         wait(futures)  # every file finished or aborted its multipart upload before this returns
         return [f.result() for f in futures]
 
+    def publish_bad(self, manifests: dict[int, dict]) -> None:
+        """Put the trainer's BAD marker of a local checkpoint beside the store's copy when that
+        copy holds the same files (so it fails to load the same way). A local copy that differs
+        from the store's was damaged locally: the store's copy stands."""
+        for step in bad_steps(self.local_dir):
+            if step not in manifests or step in self._remote_bad or step in self._bad_checked:
+                continue
+            path = step_dir(self.local_dir, step)
+            problem = local_mismatch(path, manifests[step])
+            if problem is not None:
+                self._bad_checked.add(step)
+                log.warning("bad_copy_differs_from_store", step=step, reason=problem,
+                            action="not marked bad in the store: its copy is not this one")
+                continue
+            self.dest.put_bytes(remote_step_prefix(step) + BAD_MARKER, (path / BAD_MARKER).read_bytes())
+            self._remote_bad.add(step)
+            log.warning("published_bad", step=step, dest=f"{self.dest.uri}/{remote_step_prefix(step)}{BAD_MARKER}",
+                        action="restore passes over it; retention keeps it for an operator")
+
     # -- retention -----------------------------------------------------------------------
 
     def prune(self, manifests: dict[int, dict]) -> None:
         """Keep the newest `keep` checkpoints plus the best; delete older ones only once a
         newer manifest exists. The manifest goes first, so a half-deleted checkpoint is
-        never taken for a complete one."""
+        never taken for a complete one. A checkpoint marked BAD in the store neither counts
+        nor is deleted (an operator may want it). A checkpoint without a manifest is never deleted
+        while it may still be completed: while a live lease claims it, while this uploader
+        has it pending, or while any of its files is younger than the stale age."""
+        manifests = {s: m for s, m in manifests.items() if s not in self._remote_bad}
         if not manifests:
             return
         newest = max(manifests)
         best = [s for s, m in manifests.items() if m.get("best")]
         keep = set(sorted(manifests)[-self.config.keep :]) | ({max(best)} if best else set())
-        listing = self.dest.list("checkpoints/")
-        by_step: dict[int, list[str]] = {}
-        for rel in listing:
-            parts = rel.split("/")
-            if len(parts) >= 3 and (step := parse_step(parts[1])) is not None:
-                by_step.setdefault(step, []).append(rel)
-        for step, rels in sorted(by_step.items()):
-            if step in keep or step >= newest:
-                continue
+        if not self._doomed(keep, newest, self.dest.listing("checkpoints/"), None):
+            return  # the usual pass: nothing to delete, and no need to read the leases
+        claims = self.lease.claims()  # before the listing: a step claimed after it has young files
+        for step, rels in self._doomed(keep, newest, self.dest.listing("checkpoints/"), claims).items():
             manifest_key = remote_step_prefix(step) + MANIFEST
             if manifest_key in rels:
                 self.dest.delete([manifest_key])
             self.dest.delete([r for r in rels if r != manifest_key])
             log.info("pruned", step=step, complete=manifest_key in rels)
+
+    def _doomed(self, keep: set[int], newest: int, listing: dict, claims: Claims | None) -> dict[int, list[str]]:
+        """The steps retention deletes now → their objects."""
+        by_step: dict[int, list[str]] = {}
+        for rel in listing:
+            parts = rel.split("/")
+            if len(parts) >= 3 and (step := parse_step(parts[1])) is not None:
+                by_step.setdefault(step, []).append(rel)
+        pending = {s for s in committed_steps(self.local_dir) if not (step_dir(self.local_dir, s) / UPLOADED_MARKER)
+                   .exists()}
+        doomed = {}
+        for step, rels in sorted(by_step.items()):
+            if step in keep or step >= newest or step in self._remote_bad or (
+                    claims and claims.is_live(remote_step_prefix(step))):
+                continue
+            if remote_step_prefix(step) + MANIFEST not in rels and (step in pending or any(
+                    listing[r].age_seconds <= self.config.stale_upload_seconds for r in rels)):
+                continue  # not published yet and may still be: never deleted from under its uploader
+            doomed[step] = rels
+        return doomed
 
     def free_disk(self) -> None:
         """Above the usage threshold, delete uploaded local checkpoints, oldest first, never
@@ -326,4 +406,5 @@ class CheckpointUploader:
 
     def close(self) -> None:
         self._files.shutdown(wait=True, cancel_futures=True)
+        self.lease.close()
         self.dest.close()

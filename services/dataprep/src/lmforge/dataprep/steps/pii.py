@@ -1,5 +1,6 @@
-"""Replace personal data (e-mail addresses, phone numbers, IPv4 addresses, credit-card
-numbers) with placeholders.
+"""Replace personal data (e-mail addresses, phone numbers, public IPv4 addresses, credit-card
+numbers) with placeholders. Private and reserved IPv4 addresses (RFC 1918, loopback, link-local,
+documentation, multicast) identify no one and are kept unless `ipv4_keep_private` is off.
 
 Most documents hold none of these, so every kind has a cheap precheck that rules it out
 before its regex runs: no '@' means no e-mail; the digit "shape" of the text (each ASCII digit
@@ -11,6 +12,7 @@ jump from digit to digit instead of trying every position.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 
@@ -63,13 +65,20 @@ def _valid_ipv4(address: str) -> bool:
     return all(int(octet) <= 255 and (octet == "0" or octet[0] != "0") for octet in address.split("."))
 
 
+def _public_ipv4(address: str) -> bool:
+    """An address that can point at someone's machine: globally routable, not multicast."""
+    ip = ipaddress.IPv4Address(address)
+    return ip.is_global and not ip.is_multicast
+
+
 class PIIScrubber(BaseTransform):
     """Replaces e-mail addresses, phone numbers, IPv4 addresses and Luhn-valid credit-card
     numbers with the configured placeholders.
 
-    Counters: one per kind (`email`, `phone`, `ipv4`, `credit_card`: replacements) and
-    `docs_with_pii` (documents changed). A changed document gets `metadata["pii"]`, the
-    per-kind counts that are not zero.
+    Counters: one per kind (`email`, `phone`, `ipv4`, `credit_card`: replacements),
+    `docs_with_pii` (documents changed) and `ipv4_kept_private` (private and reserved
+    addresses left as they are). A changed document gets `metadata["pii"]`, the per-kind
+    counts that are not zero.
     """
 
     name = "pii"
@@ -93,7 +102,7 @@ class PIIScrubber(BaseTransform):
         if cfg.credit_cards and n_digits >= 13:
             text, found["credit_card"] = _replace_valid(_CARD, text, cfg.credit_card_placeholder, _is_card_number)
         if cfg.ipv4 and n_digits >= 4 and b"0.0" in shape:
-            text, found["ipv4"] = _replace_valid(_IPV4, text, cfg.ipv4_placeholder, _valid_ipv4)
+            text, found["ipv4"] = self._replace_ipv4(text)
         if cfg.phones and n_digits >= 8:
             text, found["phone"] = self._replace_phones(text, shape, n_digits)
 
@@ -104,6 +113,26 @@ class PIIScrubber(BaseTransform):
             self.stats.counters.update(counts)
             self.stats.counters["docs_with_pii"] += 1
         return doc
+
+    def _replace_ipv4(self, text: str) -> tuple[str, int]:
+        placeholder, keep_private = self.config.ipv4_placeholder, self.config.ipv4_keep_private
+        replaced = kept = 0
+
+        def replace(match: re.Match) -> str:
+            nonlocal replaced, kept
+            address = match.group()
+            if not _valid_ipv4(address):
+                return address
+            if keep_private and not _public_ipv4(address):
+                kept += 1
+                return address
+            replaced += 1
+            return placeholder
+
+        text = _IPV4.sub(replace, text)
+        if kept:
+            self.stats.counters["ipv4_kept_private"] += kept
+        return text, replaced
 
     def _replace_phones(self, text: str, shape: bytes, n_digits: int) -> tuple[str, int]:
         placeholder = self.config.phone_placeholder

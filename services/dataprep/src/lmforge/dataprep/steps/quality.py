@@ -13,6 +13,7 @@ import re
 import string
 from collections import Counter
 from itertools import compress, islice
+from operator import ne
 
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.config import GopherQualityConfig, GopherRepetitionConfig
@@ -41,7 +42,10 @@ class GopherQualityFilter(BaseFilter):
       max_symbol_word_ratio (the paper applies the ratio to each symbol separately);
     - `too_many_bullet_lines`: share of non-blank lines that start with a bullet;
     - `too_many_ellipsis_lines`: share of non-blank lines that end with an ellipsis;
-    - `too_few_alpha_words`: share of tokens holding an alphabetic character;
+    - `too_few_alpha_words`: share of words (whitespace-separated tokens) holding an
+      alphabetic character: the paper's "80% of words in a document contain at least one
+      alphabetic character". datatrove divides by spaCy tokens, every punctuation mark one,
+      and drops most documentation pages on this rule (docs/benchmarks.md);
     - `too_few_stop_words`: occurrences of stop words (case-insensitive, surrounding
       punctuation ignored) below min_stop_words.
     """
@@ -113,14 +117,19 @@ class GopherRepetitionFilter(BaseFilter):
     """Drops documents with too much repeated content.
 
     Lines are the non-blank lines, paragraphs the blocks between blank lines (both
-    stripped). A duplicate is an element equal to an earlier one; the character ratios are
-    the duplicates' characters over all lines' (paragraphs') characters. N-gram ratios are
-    over the characters of the words (whitespace excluded):
+    stripped); words are whitespace-separated tokens, n-grams runs of n words. A duplicate
+    is an element equal to an earlier one: the first occurrence of a repeated line,
+    paragraph or n-gram is not a duplicate, its repeats are. Every character ratio is over
+    the document's characters (`len(text)`); an n-gram's characters are its words'.
+    - `dup_line_ratio` / `dup_para_ratio`: duplicates over lines (paragraphs);
+    - `dup_line_char_ratio` / `dup_para_char_ratio`: the duplicates' characters;
     - `top_<n>gram_char_ratio`: occurrences x characters of the most frequent n-gram, if it
       occurs more than once (ties: the longest);
-    - `dup_<n>gram_char_ratio`: characters of the words covered by the occurrences (all of
-      them, the first included) of n-grams that occur more than once, each word counted once
-      however many of those n-grams overlap it.
+    - `dup_<n>gram_char_ratio`: characters of the words inside duplicate n-grams, each word
+      counted once however many duplicate n-grams overlap it (the paper: "taking care not to
+      count characters that occur in overlapping n-grams more than once").
+
+    Where this differs from datatrove's GopherRepetitionFilter, see docs/benchmarks.md.
     """
 
     name = "gopher_repetition"
@@ -141,6 +150,7 @@ class GopherRepetitionFilter(BaseFilter):
         lines = [line for line in map(str.strip, text.splitlines()) if line]
         if not lines:
             return True, None
+        total_chars = len(text)
         dup_lines, dup_line_chars = _duplicates(lines)
         if dup_lines > cfg.max_dup_line_ratio * len(lines):
             return False, "dup_line_ratio"
@@ -148,20 +158,19 @@ class GopherRepetitionFilter(BaseFilter):
         dup_paras, dup_para_chars = _duplicates(paragraphs)
         if dup_paras > cfg.max_dup_para_ratio * len(paragraphs):
             return False, "dup_para_ratio"
-        if dup_line_chars > cfg.max_dup_line_char_ratio * sum(map(len, lines)):
+        if dup_line_chars > cfg.max_dup_line_char_ratio * total_chars:
             return False, "dup_line_char_ratio"
-        if dup_para_chars > cfg.max_dup_para_char_ratio * sum(map(len, paragraphs)):
+        if dup_para_chars > cfg.max_dup_para_char_ratio * total_chars:
             return False, "dup_para_char_ratio"
-        return self._check_ngrams(text.split())
+        return self._check_ngrams(text.split(), total_chars)
 
-    def _check_ngrams(self, words: list[str]) -> tuple[bool, str | None]:
+    def _check_ngrams(self, words: list[str], total_chars: int) -> tuple[bool, str | None]:
         if len(words) < 2:
             return True, None
         grams = _NgramIndex(words)
         if not grams.any_pair_repeats and not self._counts_single_words:
             return True, None  # no repeated pair, so no repeated n-gram of any size n >= 2
         word_lengths = list(map(len, words))
-        total_chars = sum(word_lengths)
 
         if self._top_ngram_limits:
             longest_word = max(word_lengths)
@@ -173,7 +182,7 @@ class GopherRepetitionFilter(BaseFilter):
                     return False, f"top_{n}gram_char_ratio"
 
         for n, max_ratio in self._dup_ngram_limits:
-            starts = grams.repeated_starts(n)
+            starts = grams.duplicate_starts(n)
             if not starts:
                 break  # no n-gram repeats, so no longer one does either
             if _covered_chars(word_lengths, starts, n) > max_ratio * total_chars:
@@ -246,12 +255,16 @@ class _NgramIndex:
         top_grams = compress(counts.keys(), map(top.__eq__, counts.values()))
         return top * max(sum(map(len, gram)) for gram in top_grams)
 
-    def repeated_starts(self, n: int) -> list[int]:
-        """Start positions of every occurrence of every n-gram that occurs more than once."""
-        starts, grams, counts = self.counted(n, 2)
-        if len(counts) == len(grams):
+    def duplicate_starts(self, n: int) -> list[int]:
+        """Start positions of the n-gram occurrences that repeat an earlier occurrence."""
+        starts = self.candidate_starts(n, 2)
+        words = self.words
+        grams = [tuple(words[i : i + n]) for i in starts]
+        # each n-gram's first start: the dict keeps the last value written, so write in reverse
+        first = dict(zip(reversed(grams), reversed(starts)))
+        if len(first) == len(grams):
             return []
-        return list(compress(starts, map((1).__lt__, map(counts.__getitem__, grams))))
+        return list(compress(starts, map(ne, map(first.__getitem__, grams), starts)))
 
 
 def _covered_chars(word_lengths: list[int], starts: list[int], n: int) -> int:

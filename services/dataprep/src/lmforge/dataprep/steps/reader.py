@@ -1,9 +1,18 @@
 """Read WET records with warcio, surviving bad input.
 
+Every record is accounted for in the `read` step's stats: `docs_in` counts every conversion
+record met (kept: `docs_out`; rejected: `dropped` by reason, also those dropped while the
+reader resynchronises), and the counters add `records_read` (WARC records of any type),
+`records_not_conversion` (warcinfo and the like: skipped, not documents), `input_files`,
+`unreadable_inputs` (could not be opened) and `unparseable_inputs` (opened, but not one WARC
+record in them).
+
 Bad input is counted per kind in the `read` step's counters (`bad_input:<kind>`) and the
 rest of the file is still processed:
 - `unreadable`: the input cannot be opened (after retries) or the stream breaks;
 - `empty_file`: no bytes, or no records at all;
+- `not_gzip` / `not_warc`: not one WARC record in it: text that is not gzip although named
+  .gz, or not WARC (warcio would take a line of it for an old ARC record);
 - `truncated_gzip` / `truncated_record`: the body is shorter than its Content-Length;
 - `bad_content_length`: a record not followed by the blank lines its Content-Length
   promises (warcio then loses sync); the record is dropped and, on seekable inputs, reading
@@ -33,6 +42,11 @@ BAD_INPUT_PREFIX = "bad_input:"  # counters of the read step: bad_input:<kind>
 GZIP_MAGIC = b"\x1f\x8b\x08"
 WARC_LINE = b"WARC/1."
 SCAN_CHUNK = 1 << 20
+
+
+class _NotWarc(Exception):
+    """warcio parsed something that is not a WARC record (it reads ARC too, and takes almost
+    any line of text for an ARC header)."""
 
 
 class _QuietArchiveIterator(ArchiveIterator):
@@ -121,6 +135,9 @@ class WetReader(PipelineStep):
             stats.seconds += time.perf_counter() - start
 
     def _drop_record(self, input_index: int, record: _Record, reason: str) -> None:
+        """Reject a record that was never yielded; it is counted in like every other."""
+        self.stats.docs_in += 1
+        self.stats.bytes_in += len(record.body)
         self.drop(Document(make_doc_id(input_index, record.index), record.url, ""), reason)
 
     def _open(self, uri: str) -> BinaryIO | None:
@@ -140,18 +157,25 @@ class WetReader(PipelineStep):
 
     def _records(self, fh: _CountingReader, gz: bool, input_index: int) -> Iterator[_Record]:
         """Conversion records in order; drops a record whose length turned out wrong."""
+        counters = self.stats.counters
         index = 0
         position = 0
-        saw_any = False
+        saw_any = False  # a WARC record was parsed in this input
+        first_attempt = True
         seekable = fh.seekable()
         while True:
             iterator = _QuietArchiveIterator(fh)
             pending: _Record | None = None
             errors_at_pending = 0
             failure: str | None = None
+            last_start: int | None = None  # of the last record parsed in this attempt
             try:
                 for record in iterator:
+                    if record.format != "warc":
+                        raise _NotWarc
                     saw_any = True
+                    last_start = iterator.offset
+                    counters["records_read"] += 1
                     if pending is not None:
                         pending.followed = True
                         if iterator.err_count > errors_at_pending:
@@ -161,19 +185,25 @@ class WetReader(PipelineStep):
                             yield pending
                         pending = None
                     if record.rec_type != "conversion":
+                        counters["records_not_conversion"] += 1
                         continue
-                    start = iterator.offset
-                    pending = _Record(
+                    length = _content_length(record.rec_headers.get_header("Content-Length"))
+                    current = _Record(
                         index=index,
-                        start=start,
+                        start=iterator.offset,
                         url=record.rec_headers.get_header("WARC-Target-URI") or "",
                         body=record.content_stream().read(),
-                        content_length=int(record.rec_headers.get_header("Content-Length") or 0),
+                        content_length=length or 0,
                         headers=dict(record.rec_headers.headers),
                     )
                     index += 1
+                    if length is None:  # not a number: whatever warcio read as its body is a guess
+                        self.count_bad("bad_content_length")
+                        self._drop_record(input_index, current, "bad_content_length")
+                        continue
+                    pending = current
                     errors_at_pending = iterator.err_count
-            except ArchiveLoadFailed:
+            except (ArchiveLoadFailed, _NotWarc):
                 failure = "bad_content_length" if pending is not None else "corrupt_record"
             except (zlib.error, EOFError):
                 failure = "corrupt_gzip" if gz else "bad_content_length"
@@ -193,21 +223,42 @@ class WetReader(PipelineStep):
                     self.count_bad("empty_file")
                 elif iterator.truncated_member:
                     self.count_bad("truncated_gzip")
-                elif not saw_any:
+                elif not saw_any and first_attempt:  # (after a failure, that one was counted)
                     self.count_bad("empty_file")
+                if not saw_any:
+                    counters["unparseable_inputs"] += 1
                 return
-            # The record before the failure is suspect: its length made the parser lose sync.
+            # The record before the failure is suspect: its length made the parser lose sync. Else
+            # resume after the last record parsed (never before it: that would read it twice).
             if pending is not None:
                 self._drop_record(input_index, pending, failure)
                 position = pending.start
-            self.count_bad(failure)
-            if not seekable or failure == "unreadable":
-                return
-            resume_at = _find_next_record(fh, position + 1, gz)
+            elif last_start is not None:
+                position = last_start
+            # A retry that fails again at once is still in the same bad stretch: counted once.
+            counted = first_attempt or last_start is not None
+            first_attempt = False
+            resume_at = None
+            if seekable and failure != "unreadable":
+                resume_at = _find_next_record(fh, position + 1, gz)
+            if resume_at is None and not saw_any:
+                counters["unparseable_inputs"] += 1
+                if failure == "corrupt_record":  # nothing in it was WARC
+                    failure = "not_gzip" if gz and not fh.head.startswith(GZIP_MAGIC[:2]) else "not_warc"
+                    counted = True
+            if counted:
+                self.count_bad(failure)
             if resume_at is None:
                 return
             position = resume_at
             fh.seek(resume_at)
+
+
+def _content_length(header: str | None) -> int | None:
+    try:
+        return int(header or 0)
+    except ValueError:
+        return None
 
 
 def _find_next_record(fh: BinaryIO, start: int, gz: bool) -> int | None:
@@ -237,6 +288,7 @@ class _CountingReader:
         self._raw = raw
         self._position = 0
         self._lmforge_bytes_read = 0  # high-water mark: bytes of the input covered
+        self.head = b""  # the input's first bytes (is it gzip?)
 
     @property
     def bytes_read(self) -> int:
@@ -244,6 +296,8 @@ class _CountingReader:
 
     def read(self, size: int = -1) -> bytes:
         data = self._raw.read(size) if size is not None and size >= 0 else self._raw.read()
+        if self._position == 0 and not self.head:
+            self.head = data[:4]
         self._position += len(data)
         self._lmforge_bytes_read = max(self._lmforge_bytes_read, self._position)
         return data

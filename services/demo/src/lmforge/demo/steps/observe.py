@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmforge.common.storage import atomic_write_bytes
 from lmforge.demo.chart import rule_file
 from lmforge.demo.config import ObserveSection
-from lmforge.demo.dashboards import dashboard_queries, load_dashboards
+from lmforge.demo.dashboards_page import fetch, render_page
 from lmforge.demo.processes import Supervisor, wait_http_ok
-from lmforge.demo.prometheus import prometheus_command, pushgateway_command, query_range, static_job
+from lmforge.demo.prometheus import prometheus_command, pushgateway_command, static_job
 
 
 @dataclass
@@ -32,6 +33,7 @@ class DashboardCheck:
     with_data: list[str] = field(default_factory=list)  # "dashboard / panel"
     empty: list[str] = field(default_factory=list)  # "dashboard / panel: expression"
     gpu_only: list[str] = field(default_factory=list)  # not asked: no GPU here
+    page: str | None = None  # the panels drawn as one HTML page
 
 
 def start_monitoring(supervisor: Supervisor, observe: ObserveSection, out: Path, ports: dict[str, int]) -> Monitoring:
@@ -54,20 +56,33 @@ def start_monitoring(supervisor: Supervisor, observe: ObserveSection, out: Path,
     return Monitoring(prometheus, gateway, time.time())
 
 
-def check_dashboards(monitoring: Monitoring, observe: ObserveSection, settle_seconds: float = 0) -> DashboardCheck:
-    """Every panel query of the chart's dashboards over [start of monitoring, now]."""
+def check_dashboards(monitoring: Monitoring, observe: ObserveSection, settle_seconds: float = 0,
+                     page: Path | None = None) -> DashboardCheck:
+    """Every panel query of the chart's dashboards over [start of monitoring, now]; with `page`,
+    the panels drawn from those answers as one HTML page (lmforge.demo.dashboards_page)."""
     time.sleep(settle_seconds)  # one more scrape and rule evaluation of what just happened
     end = time.time()
     span = max(end - monitoring.started, 60.0)
-    check = DashboardCheck()
-    for name, dashboard in load_dashboards().items():
-        macros = {"__rate_interval": observe.rate_window, "__interval": "5s", "__range": f"{int(span)}s"}
-        for title, expr, requires in dashboard_queries(dashboard, **macros):
-            panel = f"{name} / {title}"
-            if requires == "gpu":
-                check.gpu_only.append(panel)
-            elif query_range(monitoring.prometheus, expr, end - span, end, step=max(span / 200, 1.0)):
-                check.with_data.append(panel)
-            else:
-                check.empty.append(f"{panel}: {expr}")
+    macros = {"__rate_interval": observe.rate_window, "__interval": "5s", "__range": f"{int(span)}s"}
+    step = max(span / 200, 1.0)
+    dashboards = fetch(monitoring.prometheus, end - span, end, step, **macros)
+    check, errors = DashboardCheck(), []
+    for dashboard in dashboards:
+        for panel in dashboard.panels:
+            name = f"{dashboard.name} / {panel.title}"
+            for target in panel.targets:
+                if panel.requires == "gpu":
+                    check.gpu_only.append(name)
+                elif target.error:
+                    errors.append(f"{name}: {target.error}")
+                elif target.series:
+                    check.with_data.append(name)
+                else:
+                    check.empty.append(f"{name}: {target.expr}")
+    if page is not None:  # written first: it shows a failed query on its panel
+        atomic_write_bytes(page, render_page(dashboards, prometheus=monitoring.prometheus, start=end - span,
+                                             end=end, step=step).encode("utf-8"))
+        check.page = str(page)
+    if errors:
+        raise RuntimeError("dashboard queries failed: " + "; ".join(errors))
     return check

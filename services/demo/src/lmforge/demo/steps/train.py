@@ -5,18 +5,21 @@ pod goes through:
 1. attempt 1 trains until it is SIGKILLed at `interrupt_at` (the trainer's fault injection), while
    the sidecar uploads each committed checkpoint;
 2. the pod is gone: the sidecar gets SIGTERM (it finishes uploading what is committed) and the
-   run directory, an emptyDir, is lost (kept aside here only to compare losses);
+   checkpoints on the pod's volume are deleted;
 3. the restore init container (`lmforge-uploader restore`) brings back the newest checkpoint the
    store holds, and attempt 2 resumes from it to the last step, its sidecar uploading until done.
 
-The resumed run recomputes the steps between the restored checkpoint and the kill; their losses
-must equal attempt 1's exactly (batches are a pure function of seed and step, and the optimizer
-state comes back with the weights)."""
+Both attempts log to the run's one metrics.jsonl, each record with its `attempt`. Attempt 2
+recomputes the steps between the restored checkpoint and the kill; their losses must equal
+attempt 1's exactly (batches are a pure function of seed and step, and the optimizer state comes
+back with the weights). The trainer draws the run's report.html from that file."""
 
 from __future__ import annotations
 
 import contextlib
-import json
+import re
+import shutil
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,20 +29,22 @@ from lmforge.common.checkpoint_layout import committed_steps, step_name
 from lmforge.demo.config import TrainSection
 from lmforge.demo.processes import StepFailed, Supervisor
 from lmforge.demo.steps.storage import s3_env
+from lmforge.trainer.metrics_file import by_attempt, latest_per_step, read_records
+from lmforge.trainer.report_html import REPORT_FILE
 
 RUN_PREFIX = "runs/demo"
 
 
 @dataclass
 class TrainingOutcome:
-    run_dir: Path  # the resumed run: metrics.jsonl, checkpoints/
-    first_attempt_dir: Path  # what attempt 1 had written when it was killed
+    run_dir: Path  # metrics.jsonl (both attempts), report.html, checkpoints/ (attempt 2's)
     destination: str  # s3://BUCKET/runs/demo
     interrupted_at: int
+    killed_by: str  # the signal that ended attempt 1, from torchrun's failure summary
     restored_step: int
     compared_steps: list[int]
     max_loss_difference: float
-    steps: list[dict] = field(default_factory=list)  # the resumed run's step records
+    steps: list[dict] = field(default_factory=list)  # each step once, the newest attempt's record
     evals: list[dict] = field(default_factory=list)
     uploaded_steps: list[int] = field(default_factory=list)
 
@@ -56,8 +61,12 @@ class TrainingOutcome:
         return self.evals[-1]["val_loss"] if self.evals else None
 
     @property
+    def report(self) -> Path:
+        return self.run_dir / REPORT_FILE
+
+    @property
     def tokens_per_second(self) -> float:
-        """Median over the resumed run's steps (the first steps after a start are slower)."""
+        """Median over the run's steps (the first steps after a start are slower)."""
         rates = sorted(r["tokens_per_second"] for r in self.steps)
         return rates[len(rates) // 2]
 
@@ -87,12 +96,12 @@ def train_with_interruption(supervisor: Supervisor, train: TrainSection, data_di
     destination = f"s3://{train.bucket}/{RUN_PREFIX}"
     storage = s3_env(s3_endpoint)
     trainer_env = {**storage, "OMP_NUM_THREADS": "1"}
-    run_dir, first_attempt = out / "run", out / "attempt-1"
-    checkpoints = run_dir / "checkpoints"
+    run_dir = out / "run"
+    checkpoints, metrics = run_dir / "checkpoints", run_dir / "metrics.jsonl"
 
     def tick() -> None:
         with contextlib.suppress(OSError, ValueError, IndexError):
-            last = read_records(run_dir / "metrics.jsonl", "step")[-1]
+            last = read_records(metrics, "step")[-1]
             note(f"step {last['step'] + 1}/{train.steps}: loss {last['loss']:.3f}, "
                  f"{last['tokens_per_second']:,.0f} tokens/s")
     checkpoints.mkdir(parents=True)
@@ -103,12 +112,23 @@ def train_with_interruption(supervisor: Supervisor, train: TrainSection, data_di
                           expect_failure=True, tick=tick)
     if code == 0:
         raise StepFailed(f"attempt 1 was meant to be killed at step {train.interrupt_at} but finished")
-    note(f"attempt 1 killed at step {train.interrupt_at} (exit {code}); the pod is gone: the sidecar "
-         "uploads what is committed and stops, the run directory is lost")
+    killed = killed_by(supervisor.log_path("train-attempt-1").read_text(errors="replace"))
+    logged = by_attempt(read_records(metrics)).get(1, [])
+    reached = logged[-1]["step"] + 1 if logged else 0
+    if killed != "SIGKILL" or reached != train.interrupt_at:
+        ended = f"by {killed}" if killed else "with an exit code of its own"
+        raise StepFailed(f"attempt 1 was meant to be SIGKILLed at step {train.interrupt_at} (fault injection), but "
+                         f"its last logged step is {reached - 1} and its first failed rank ended {ended} (torchrun "
+                         f"exited {code})\n{supervisor.tail('train-attempt-1')}")
+    note(f"attempt 1 killed by {killed} at step {reached} (the trainer's fault injection; torchrun then exits {code}); "
+         "the pod is gone: the sidecar uploads what is committed and stops, the pod's checkpoints are lost")
     supervisor.stop("uploader", timeout=120)  # SIGTERM: it uploads what is committed, then exits
-    run_dir.rename(first_attempt)
-
-    checkpoints.mkdir(parents=True)
+    # The checkpoints were on the pod's own volume: gone with it, so attempt 2 starts from what the
+    # store holds. metrics.jsonl stays: it is the run's log, kept across attempts as the experiment
+    # tracker's run is (and on a cluster with training.checkpoints.persistentVolumeClaim, where it
+    # sits beside the checkpoints), so both attempts are compared and drawn from one file.
+    shutil.rmtree(checkpoints)
+    checkpoints.mkdir()
     supervisor.run("restore", [sys.executable, "-m", "lmforge.uploader", "restore", "--src", destination,
                                "--dir", str(checkpoints)], storage)
     restored = committed_steps(checkpoints)
@@ -122,23 +142,30 @@ def train_with_interruption(supervisor: Supervisor, train: TrainSection, data_di
                    tick=tick)
     if supervisor.wait("uploader", timeout=300) != 0:
         raise StepFailed(f"the uploader failed after the last step\n{supervisor.tail('uploader')}")
-    return _outcome(train, run_dir, first_attempt, destination, restored[-1], storage)
+    return _outcome(train, run_dir, destination, killed, restored[-1], storage)
 
 
-def read_records(metrics_file: Path, kind: str) -> list[dict]:
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    return [r for r in records if r.get("kind") == kind]
+def killed_by(torchrun_log: str) -> str | None:
+    """The signal that ended the first rank to fail ("SIGKILL"), from torchrun's failure summary
+    (`Root Cause` … `exitcode  : -9`); None when that rank exited with a code of its own.
+    torchrun itself exits 1 whatever ended its workers."""
+    root_cause = torchrun_log.rsplit("Root Cause", 1)[-1]
+    match = re.search(r"exitcode\s*:\s*(-?\d+)", root_cause)
+    if match is None or int(match.group(1)) >= 0:
+        return None
+    return signal.Signals(-int(match.group(1))).name
 
 
-def _outcome(train: TrainSection, run_dir: Path, first_attempt: Path, destination: str, restored: int,
+def _outcome(train: TrainSection, run_dir: Path, destination: str, killed: str, restored: int,
              storage: dict[str, str]) -> TrainingOutcome:
-    before = {r["step"]: r["loss"] for r in read_records(first_attempt / "metrics.jsonl", "step")}
-    steps = read_records(run_dir / "metrics.jsonl", "step")
-    after = {r["step"]: r["loss"] for r in steps}
+    records = read_records(run_dir / "metrics.jsonl")
+    attempts = by_attempt(records, "step")
+    before = {r["step"]: r["loss"] for r in attempts.get(1, [])}
+    after = {r["step"]: r["loss"] for r in attempts.get(2, [])}
     compared = sorted(s for s in before if s > restored and s in after)
     difference = max((abs(before[s] - after[s]) for s in compared), default=float("nan"))
-    outcome = TrainingOutcome(run_dir, first_attempt, destination, train.interrupt_at, restored, compared,
-                              difference, steps, read_records(run_dir / "metrics.jsonl", "eval"),
+    outcome = TrainingOutcome(run_dir, destination, train.interrupt_at, killed, restored, compared, difference,
+                              latest_per_step(records), latest_per_step(records, "eval"),
                               uploaded_steps(destination, storage))
     if not outcome.identical:
         raise StepFailed(f"the resumed run's losses differ from attempt 1's after step {restored}: "

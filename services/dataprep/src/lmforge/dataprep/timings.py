@@ -1,0 +1,96 @@
+"""Wall-clock, CPU time and peak memory of each phase of a run, as the processes that ran it
+recorded them.
+
+Every process that does work in a phase writes one record when its part of the phase ends,
+work/timings/<phase>/<host>-<pid>-<start µs>.json: start and end (epoch seconds), CPU seconds
+(its own and those of the pool processes it waited for) and its own peak RSS (the pool
+processes report theirs per task). A phase's wall-clock is the length of the union of its records' intervals:
+Indexed-Job pods working side by side count once, and a rerun after a crash adds its own time.
+A process killed mid-phase leaves no record, and a rerun with nothing left to do writes none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import socket
+import time
+from collections.abc import Iterator
+
+from lmforge.common.storage import Store
+from lmforge.dataprep.layout import TIMINGS
+from lmforge.dataprep.stats import peak_rss_bytes
+
+# Phase → what it does, in run order.
+PHASES: dict[str, str] = {
+    "inputs": "per-input workers: read → filters → MinHash",
+    "dedup": "global dedup: LSH/URL/content partitions, clustering",
+    "tokenizer": "tokenizer training",
+    "tokenize": "tokenize",
+    "shards": "finalize: shuffle, split, shards, lineage, manifest",
+}
+
+
+def _cpu_seconds() -> float:
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
+@contextlib.contextmanager
+def timed_phase(store: Store, phase: str, items: int) -> Iterator[dict]:
+    """Time the block as this process's part of `phase`, doing `items` units of work (0: nothing
+    to do, no record). The yielded dict is written with the record: add fields to it."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}")
+    started, clock, cpu = time.time(), time.perf_counter(), _cpu_seconds()
+    record: dict = {"items": items}
+    yield record
+    if items <= 0:
+        return
+    record.update({
+        "phase": phase,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": round(started, 6),
+        "ended": round(started + time.perf_counter() - clock, 6),
+        "cpu_seconds": round(_cpu_seconds() - cpu, 4),
+        "peak_rss_bytes": peak_rss_bytes(),
+    })
+    name = f"{TIMINGS}/{phase}/{record['host']}-{record['pid']}-{int(started * 1e6)}.json"
+    store.write_text(name, json.dumps(record, indent=1, sort_keys=True))
+
+
+def read_timings(store: Store) -> list[dict]:
+    """Every phase record of the run, oldest first."""
+    records = [json.loads(store.read_text(rel)) for rel in store.list(TIMINGS + "/") if rel.endswith(".json")]
+    return sorted(records, key=lambda r: (r["started"], r["phase"]))
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals: overlapping time counts once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def phase_summary(records: list[dict]) -> dict[str, dict]:
+    """Per phase, in run order: wall-clock (union of intervals), CPU seconds, processes, main peak RSS."""
+    summary = {}
+    for phase in PHASES:
+        mine = [r for r in records if r["phase"] == phase]
+        summary[phase] = {
+            "wall_seconds": round(union_seconds([(r["started"], r["ended"]) for r in mine]), 4),
+            "cpu_seconds": round(sum(r["cpu_seconds"] for r in mine), 4),
+            "processes": len(mine),
+            "peak_rss_bytes": max((r["peak_rss_bytes"] for r in mine), default=0),
+        }
+    return summary

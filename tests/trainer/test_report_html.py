@@ -1,0 +1,151 @@
+"""The training report (RUN_DIR/report.html): drawn from a two-attempt metrics.jsonl, it charts
+loss, val loss, lr, grad norm, tokens/s and MFU per attempt, marks every committed checkpoint and
+the resume point, says "n/a" for MFU on CPU, and is self-contained; `lmforge-train report` draws
+it from a run directory."""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+
+from lmforge.trainer.cli import main as train_cli
+from lmforge.trainer.metrics_file import MetricsFile
+from lmforge.trainer.report_html import write_report
+
+CHARTS = ["loss", "lr", "grad_norm", "tokens_per_second", "mfu"]
+
+
+class Page(HTMLParser):
+    """The charts (data-chart → drawn points), their series, markers and no-data notes."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.charts: dict[str, int] = {}
+        self.series: dict[str, list[str]] = {}
+        self.markers: dict[str, list[tuple[str, dict]]] = {}
+        self.nodata: dict[str, str] = {}
+        self.titles: list[str] = []
+        self.urls: list[str] = []
+        self._chart = self._nodata = None
+        self._in_title = False
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.urls += [v for k, v in attrs.items() if k in ("src", "href") and v]
+        if tag == "svg" and "data-chart" in attrs:
+            self._chart = attrs["data-chart"]
+            self.charts[self._chart] = int(attrs["data-points"])
+            self.series[self._chart], self.markers[self._chart] = [], []
+        elif tag == "g" and self._chart and attrs.get("class") == "series":
+            self.series[self._chart].append(attrs["data-points"])
+        elif tag == "g" and self._chart and attrs.get("class", "").startswith("marker "):
+            self.markers[self._chart].append((attrs["class"].split()[1], attrs))
+        elif tag == "p" and attrs.get("class") == "nodata":
+            self._nodata = attrs.get("data-chart")
+        elif tag == "title":
+            self._in_title = True
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self._chart = None
+        elif tag == "p":
+            self._nodata = None
+        elif tag == "title":
+            self._in_title = False
+
+    def handle_data(self, data):
+        if self._nodata:
+            self.nodata[self._nodata] = self.nodata.get(self._nodata, "") + data
+        if self._in_title:
+            self.titles.append(data)
+
+
+def step_record(step: int, loss: float, mfu: float | None) -> dict:
+    return {"kind": "step", "step": step, "timestamp": 1.7e9 + step, "loss": loss, "grad_norm": 1.0 / (step + 1),
+            "lr": 1e-3 * min(1.0, (step + 1) / 3), "tokens_per_second": 5000.0 + step, "mfu": mfu}
+
+
+def write_run(run_dir, mfu: float | None = None, title_text: str = "run") -> None:
+    """Attempt 1: steps 0–11, checkpoints 4 and 9, killed; attempt 2 resumes from 9 to step 19."""
+    path = run_dir / "metrics.jsonl"
+    first = MetricsFile(path)
+    first.write({"kind": "start", "timestamp": 1.7e9, "resumed_from": None, "first_step": 0, "steps": 20,
+                 "world_size": 2})
+    for step in range(12):
+        first.write(step_record(step, 6.0 - 0.2 * step, mfu))
+        if step in (4, 9):
+            first.write({"kind": "eval", "step": step, "val_loss": 6.1 - 0.2 * step})
+            first.write({"kind": "checkpoint", "step": step, "timestamp": 1.7e9 + step})
+    first.close()  # killed: no end record
+    second = MetricsFile(path)
+    second.write({"kind": "start", "timestamp": 1.7e9 + 100, "resumed_from": 9, "first_step": 10, "steps": 20,
+                  "world_size": 2})
+    for step in range(10, 20):
+        second.write(step_record(step, 6.0 - 0.2 * step, mfu))
+        if step in (14, 19):
+            second.write({"kind": "eval", "step": step, "val_loss": 6.1 - 0.2 * step})
+            second.write({"kind": "checkpoint", "step": step, "timestamp": 1.7e9 + 100 + step})
+    second.write({"kind": "end", "timestamp": 1.7e9 + 130, "status": "finished"})
+    second.close()
+
+
+def test_every_chart_with_each_attempt_checkpoints_and_the_resume_marked(tmp_path):
+    write_run(tmp_path)
+    page = Page(write_report(tmp_path).read_text())
+    assert set(page.charts) == {"loss", "lr", "grad_norm", "tokens_per_second"}
+    # train loss of attempts 1 and 2 (12 + 10 steps), val loss of each (2 + 2 evaluations)
+    assert page.charts["loss"] == 26 and page.series["loss"] == ["12", "10", "2", "2"]
+    for name in ("lr", "grad_norm", "tokens_per_second"):
+        assert page.series[name] == ["12", "10"], name
+        checkpoints = [int(a["data-step"]) for kind, a in page.markers[name] if kind == "checkpoint"]
+        resumes = [(int(a["data-step"]), a["data-attempt"]) for kind, a in page.markers[name] if kind == "resume"]
+        assert checkpoints == [4, 9, 14, 19] and resumes == [(9, "2")], name
+    assert "n/a" in page.nodata["mfu"]  # CPU: no peak FLOP/s, no MFU
+    assert "attempt 2 resumed from the checkpoint of step 9" in page.titles
+
+
+def test_mfu_is_drawn_when_the_device_has_a_peak(tmp_path):
+    write_run(tmp_path, mfu=0.41)
+    page = Page(write_report(tmp_path).read_text())
+    assert page.charts["mfu"] == 22 and "mfu" not in page.nodata
+
+
+def test_the_page_is_self_contained_and_escaped(tmp_path):
+    run_dir = tmp_path / "<b>run"
+    run_dir.mkdir()
+    write_run(run_dir)
+    (run_dir / "config.json").write_text(json.dumps({"model": {"preset": "<script>x()</script>"},
+                                                     "tracking": {"mlflow_tracking_uri": "https://mlflow.example"}}))
+    text = write_report(run_dir).read_text()
+    page = Page(text)
+    assert page.urls == []
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//|@import|url\(""", text, re.I)
+    assert "<script" not in text and "&lt;script&gt;" in text and "mlflow.example" not in text
+    assert "<b>run" not in text and "&lt;b&gt;run" in text
+
+
+def test_an_empty_run_still_renders(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    page = Page(write_report(tmp_path).read_text())
+    assert page.charts == {} and set(page.nodata) == set(CHARTS)
+
+
+def test_the_cli_draws_a_run_directory_and_refuses_one_without_metrics(tmp_path, capfd):
+    write_run(tmp_path / "run")
+    assert train_cli(["report", "--run-dir", str(tmp_path / "run"), "--output", str(tmp_path / "r.html")]) == 0
+    assert set(Page((tmp_path / "r.html").read_text()).charts) == {"loss", "lr", "grad_norm", "tokens_per_second"}
+    assert train_cli(["report", "--run-dir", str(tmp_path / "nothing")]) == 3
+    assert "has no metrics.jsonl" in capfd.readouterr().err
+
+
+def test_long_runs_are_thinned_to_a_bounded_page(tmp_path):
+    points = 5000
+    file = MetricsFile(tmp_path / "metrics.jsonl")
+    for step in range(points):
+        file.write(step_record(step, 5.0, None))
+    file.close()
+    text = write_report(tmp_path).read_text()
+    assert Page(text).charts["loss"] == points  # counted, not all drawn
+    assert len(text) < 400_000
