@@ -114,7 +114,8 @@ def stack(tmp_path_factory):
         trainer = stack.enter_context(background(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
              "-m", "lmforge.trainer", f"data.sources=[{{path: {data}}}]", "data.seq_len=32", "data.batch_size=2",
-             "parallel.mode=none", "steps=100000", "checkpoint.every=4", "log_every=2", f"run_dir={run_dir}",
+             "parallel.mode=none", "steps=100000", "checkpoint.every=4", "log_every=2", "eval_every=4",
+             "eval_batches=1", f"run_dir={run_dir}",
              f"metrics.port={trainer_port}", "metrics.peak_flops=1e10", SMALL_MODEL],
             work / "train.log", env={"LMFORGE_TRAINER_SLOW_DATA_SECONDS": "0.2"}))  # keeps a core free
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -148,6 +149,7 @@ def stack(tmp_path_factory):
                    and len(targets_up(prometheus)) == 4, 120, "every target up")
         wait_until(lambda: query(prometheus, "lmforge_uploader_last_uploaded_step > 0"), 120,
                    "a checkpoint uploaded")
+        wait_until(lambda: query(prometheus, "lmforge_train_val_loss"), 120, "a validation loss")  # absent until then
         yield {"prometheus": prometheus, "inference": inference, "good": good, "worse": worse,
                "eval_set": eval_set, "baseline": baseline, "gateway": gateway, "trainer": trainer}
 
@@ -218,11 +220,12 @@ def test_an_engine_slowdown_fires_the_ttft_alert_and_recovery_resolves_it(stack)
 
     def fast_and_resolved():
         inference.traffic(8)
-        return not [a for a in alerts(prometheus) if a["labels"]["alertname"] == "LmforgeInferenceTTFTHigh"]
+        # resolved by a low p95, not by the restarted server's series being briefly absent
+        p95 = query(prometheus, 'lmforge:inference_ttft_seconds:p95{model_name="good"}')
+        return p95 and float(p95[0]["value"][1]) < 0.25 and not [
+            a for a in alerts(prometheus) if a["labels"]["alertname"] == "LmforgeInferenceTTFTHigh"]
 
-    wait_until(fast_and_resolved, 60, "LmforgeInferenceTTFTHigh resolved", interval=0)
-    p95 = query(prometheus, 'lmforge:inference_ttft_seconds:p95{model_name="good"}')
-    assert p95 and float(p95[0]["value"][1]) < 0.25
+    wait_until(fast_and_resolved, 60, "LmforgeInferenceTTFTHigh resolved with p95 under 0.25 s", interval=0)
 
 
 def test_the_rule_file_is_the_one_prometheus_loaded(stack):

@@ -187,3 +187,31 @@ def test_a_changed_model_config_is_a_config_error_not_a_bad_checkpoint(checkpoin
         load_latest(root, model, optimizer)
     assert failure.value.exit_code == 2
     assert committed_steps(root) == [1, 2]  # nothing marked bad: the config is at fault
+
+
+class _Lookup:
+    def __reduce__(self):
+        from torch.distributed.checkpoint.metadata import Metadata
+
+        return getattr, (Metadata, "__init__")  # a step towards __globals__ and anything
+
+
+def test_enum_members_pickled_by_name_load_and_other_lookups_are_refused(checkpoints, tmp_path, monkeypatch):
+    """Debian's Python 3.11.2 (the trainer image) and Python ≥ 3.12 pickle an enum member as
+    getattr(Enum, "NAME"): such a `.metadata` loads; any other getattr is refused."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    root, *_ = checkpoints
+    metadata = read_metadata(step_dir(root, 2) / METADATA_FILE)
+    with monkeypatch.context() as patch:
+        patch.setattr(_MEM_FORMAT_ENCODING, "__reduce_ex__", lambda self, _protocol: (getattr, (type(self), self.name)))
+        by_name = tmp_path / "by-name.metadata"
+        by_name.write_bytes(pickle.dumps(metadata))
+    assert b"getattr" in by_name.read_bytes()
+    assert read_metadata(by_name) == metadata
+
+    metadata.planner_data = _Lookup()
+    hostile = tmp_path / "lookup.metadata"
+    hostile.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(Exception, match=r"refused to load: it looks up getattr\(Metadata, '__init__'\)"):
+        read_metadata(hostile)

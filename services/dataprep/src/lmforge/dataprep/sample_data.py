@@ -26,6 +26,7 @@ import base64
 import datetime as _dt
 import functools
 import hashlib
+import ipaddress
 import json
 import random
 import re
@@ -1093,8 +1094,11 @@ def _pii_value(rng: random.Random, kind: str) -> str:
         return f"{local}@{rng.choice(_MAIL_DOMAINS)}"
     if kind == "phone":
         return _phone_number(rng)
-    if kind == "ipv4":
-        return ".".join(str(rng.randint(1, 254)) for _ in range(4))
+    if kind == "ipv4":  # a public address: private and reserved ones are not personal data (pii.py)
+        while not (address := ipaddress.IPv4Address(".".join(str(rng.randint(1, 254)) for _ in range(4)))).is_global \
+                or address.is_multicast:
+            pass
+        return str(address)
     return _card_number(rng)
 
 

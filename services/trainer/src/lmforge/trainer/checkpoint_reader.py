@@ -83,6 +83,16 @@ def load_error(file: Path, exc: Exception) -> CheckpointReadError:
     return checkpoint_error(file, f"unreadable ({first_line(exc)})")
 
 
+def _enum_member(cls, name):
+    """What `builtins.getattr` may do in a `.metadata`: some Python versions (3.11.2, ≥ 3.12)
+    pickle an enum member as getattr(EnumClass, "NAME"); nothing else is looked up."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    if cls is _MEM_FORMAT_ENCODING and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise pickle.UnpicklingError(f"getattr({getattr(cls, '__name__', type(cls).__name__)}, {name!r})")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def __init__(self, file, path: Path):
         super().__init__(file)
@@ -91,9 +101,17 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return self._checked_getattr
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise _refused(self._path, f"it refers to {module}.{name}")
+
+    def _checked_getattr(self, obj, name):
+        try:
+            return _enum_member(obj, name)
+        except pickle.UnpicklingError as exc:
+            raise _refused(self._path, f"it looks up {exc}") from None
 
     def persistent_load(self, pid):
         raise _refused(self._path, "it holds a persistent id")
