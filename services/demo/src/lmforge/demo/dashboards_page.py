@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmforge.common.chart_axes import nice_ticks, y_range
 from lmforge.common.storage import atomic_write_bytes
 from lmforge.demo.dashboards import load_dashboards, panel_targets, panels, requires_of, unit_of
 from lmforge.demo.prometheus import query_range
@@ -154,23 +155,6 @@ def format_value(v: float, unit: str) -> str:
     return f"{_number(v)} {unit}"  # a custom unit, e.g. tok/s: Grafana writes it as a suffix
 
 
-def nice_ticks(lo: float, hi: float, count: int = 4) -> list[float]:
-    raw = (hi - lo) / count
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
-
-
-def _y_range(values: list[float]) -> tuple[float, float]:
-    lo, hi = min(values), max(values)
-    if lo == hi:
-        pad = abs(lo) * 0.1 or 1.0
-        return lo - pad, hi + pad
-    pad = (hi - lo) * 0.05
-    return (0.0 if lo >= 0 and lo - pad < 0 else lo - pad), hi + pad
-
-
 def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
@@ -182,7 +166,7 @@ def svg_chart(panel: Panel, start: float, end: float) -> str:
     """An SVG line chart of the panel's series over [start, end] (gaps where a value is NaN)."""
     series = panel.series[:MAX_SERIES]
     values = [v for s in series for _, v in s.finite()]
-    lo, hi = _y_range(values)
+    lo, hi = y_range(values)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     span = max(end - start, 1e-9)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
+from lmforge.common.chart_axes import nice_ticks, y_range
 from lmforge.common.storage import atomic_write_bytes
 from lmforge.trainer.metrics_file import attempt_of, by_attempt, latest_per_step, read_records
 
@@ -62,23 +63,6 @@ def fmt_duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    raw = (hi - lo) / count
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
-
-
-def _y_range(values: list[float]) -> tuple[float, float]:
-    lo, hi = min(values), max(values)
-    if lo == hi:
-        pad = abs(lo) * 0.1 or 1.0
-        return lo - pad, hi + pad
-    pad = (hi - lo) * 0.06
-    return (0.0 if lo >= 0 and lo - pad < 0 else lo - pad), hi + pad
 
 
 def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -175,7 +159,7 @@ def _series(records: list[dict], key: str) -> list[tuple[float, float]]:
 def line_chart(name: str, lines: list[Line], view: RunView, fmt: Callable[[float], str]) -> str:
     """One chart: the lines over steps, with a marker for each committed checkpoint and resume."""
     values = [v for line in lines for _, v in line.points]
-    lo, hi = _y_range(values)
+    lo, hi = y_range(values, pad=0.06)
     x_max = max(view.last_step, (view.target_steps or 1) - 1, 1)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
@@ -187,12 +171,12 @@ def line_chart(name: str, lines: list[Line], view: RunView, fmt: Callable[[float
 
     parts = [f'<svg class="chart" data-chart="{escape(name)}" data-points="{len(values)}" '
              f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(name)} over steps">']
-    for tick in _nice_ticks(lo, hi):
+    for tick in nice_ticks(lo, hi):
         parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
                      'stroke="#e2e8f0" stroke-dasharray="3 3"/>'
                      f'<text class="axis" x="{LEFT - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">'
                      f"{escape(fmt(tick))}</text>")
-    for tick in _nice_ticks(0, x_max):
+    for tick in nice_ticks(0, x_max):
         if tick == int(tick):
             parts.append(f'<text class="axis" x="{x(tick):.1f}" y="{HEIGHT - 10}" text-anchor="middle">'
                          f"{int(tick)}</text>")
