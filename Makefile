@@ -11,7 +11,8 @@ SETUP_STAMP := $(VENV)/.lmforge-setup
 SERVICES := services/common services/dataprep services/trainer services/uploader services/inference services/canary
 # lmforge.demo: `make demo`, every service as a local process (not an image).
 DEMO_PACKAGE := services/demo
-# Installed editable with the services: the Kubeflow pipelines (kfp v2 SDK, pinned in its pyproject).
+# Installed editable with the services: the Kubeflow pipelines (kfp v2 SDK, pinned in its pyproject;
+# with the extras the steps of both pipelines need, as the step images have them).
 PACKAGES := $(SERVICES) pipelines $(DEMO_PACKAGE)
 PIPELINES_DIR ?= build/pipelines
 APT_PACKAGES := prometheus-pushgateway prometheus
@@ -73,7 +74,8 @@ system-packages: ## the Debian packages the tests and the demo need (apt, sudo w
 $(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pyproject.toml) | system-packages
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(PACKAGES),-e $(s)) -e 'services/trainer[tracking]'
+	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(PACKAGES),-e $(s)) -e 'services/trainer[tracking]' \
+	  -e 'pipelines[data,train]'
 	touch $(SETUP_STAMP)
 
 # The whole platform on this machine (services/demo): corpus, data pipeline (kfp.local), FSDP training

@@ -1,5 +1,7 @@
-# lmforge/dataprep: data preparation: Common Crawl WET to clean, deduplicated, tokenized shards.
-# Installs only lmforge-common, lmforge-dataprep (no FastAPI, no torch),
+# lmforge/dataprep: data preparation: Common Crawl WET to clean, deduplicated, tokenized shards;
+# also the image of the data pipeline's Kubeflow steps (`python3 -m kfp.dsl.executor_main` running
+# lmforge_pipelines' components). Installs only lmforge-common, lmforge-dataprep,
+# lmforge-pipelines[data] (kfp; no FastAPI, no torch, no Helm SDK),
 # at the versions of docker/locks/dataprep.lock.
 #
 # Build context: build/images/dataprep, made by `make image-dataprep` (docker/wheelhouse.py):

@@ -1,9 +1,13 @@
-# lmforge/trainer: the trainer (torchrun, FSDP2; the chart runs `python -m torch.distributed.run -m lmforge.trainer`).
-# Installs only lmforge-common[model], lmforge-trainer[tracking],
-# at the versions of docker/locks/trainer.lock.
+# lmforge/trainer: the trainer (torchrun, FSDP2; the chart runs `python -m torch.distributed.run -m lmforge.trainer`);
+# also the image of the train pipeline's Kubeflow steps (train, export, evaluate, rollout).
+# Installs only lmforge-common[model], lmforge-trainer[tracking], lmforge-uploader (export restores
+# checkpoints with `lmforge-uploader restore`), lmforge-pipelines[train] (kfp, kubernetes, the Helm
+# SDK), at the versions of docker/locks/trainer.lock, and the chart in /opt/lmforge/chart (the
+# training step renders its training template: LMFORGE_CHART_DIR).
 #
 # Build context: build/images/trainer, made by `make image-trainer` (docker/wheelhouse.py):
-# the wheels and the lock, nothing else of the repository (no credentials, no models).
+# the wheels, the lock and chart/ (helm/lmforge), nothing else of the repository (no
+# credentials, no models).
 #   make image-trainer [BASE_IMAGE=...]
 # BASE_IMAGE: a CUDA PyTorch image with Python 3.11 and torch 2.13.0 (the default), whose torch
 # the image uses (TORCH_SOURCE=auto finds it; see docker/venv.sh), or any Python 3.11 image
@@ -36,9 +40,11 @@ RUN useradd --uid 10001 --user-group --create-home --home-dir /home/lmforge --sh
     && mkdir -p /app
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    LMFORGE_CHART_DIR=/opt/lmforge/chart
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=app /opt/app/ /opt/venv/
+COPY chart/ /opt/lmforge/chart/
 WORKDIR /app
 USER 10001:10001
 ENTRYPOINT ["lmforge-train"]

@@ -13,8 +13,11 @@ exactly them and nothing else, and a dependency moves only when someone reruns `
     OUTDIR/venv.sh                     the install steps the Dockerfiles run (docker/venv.sh)
     OUTDIR/deps/requirements.lock      a copy of docker/locks/SERVICE.lock
     OUTDIR/deps/*.whl                  one wheel per line of the lock (rebuilt only when the lock changes)
-    OUTDIR/own/requirements.txt        the service's lmforge distributions, with extras
-    OUTDIR/own/*.whl                   those distributions, built from services/ (byte-reproducible)
+    OUTDIR/own/requirements.txt        the image's lmforge distributions, with extras
+    OUTDIR/own/*.whl                   those distributions, built from services/ and pipelines/
+                                       (byte-reproducible)
+    OUTDIR/chart/                      trainer only: a copy of helm/lmforge (the launcher renders
+                                       its training template; the Dockerfile puts it in /opt/lmforge/chart)
 
 Nothing else of the repository (no .venv, no credentials, no model files) is in the
 context, so nothing else can end up in an image. Wheels come from the host's pip
@@ -36,14 +39,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCKS = REPO / "docker" / "locks"
-# The lmforge distributions of each image: (service folder, extras).
+# The lmforge distributions of each image: (source folder in the repository, extras). The
+# dataprep and trainer images also run the Kubeflow pipelines' steps (lmforge_pipelines and kfp's
+# executor): the data steps in dataprep, training/export/evaluation/rollout in trainer, whose
+# export step restores checkpoints with `lmforge-uploader restore`.
 IMAGES: dict[str, list[tuple[str, str]]] = {
-    "dataprep": [("common", ""), ("dataprep", "")],
-    "trainer": [("common", "model"), ("trainer", "tracking")],
-    "uploader": [("common", ""), ("uploader", "")],
-    "inference": [("common", "model"), ("inference", "")],
-    "canary": [("common", ""), ("canary", "")],
+    "dataprep": [("services/common", ""), ("services/dataprep", ""), ("pipelines", "data")],
+    "trainer": [("services/common", "model"), ("services/trainer", "tracking"), ("services/uploader", ""),
+                ("pipelines", "train")],
+    "uploader": [("services/common", ""), ("services/uploader", "")],
+    "inference": [("services/common", "model"), ("services/inference", "")],
+    "canary": [("services/common", ""), ("services/canary", "")],
 }
+# Folders of the repository an image carries besides its wheels: {image: [(folder, name in the
+# build context)]}. The trainer image's training step renders the chart's training template (the
+# one definition of the trainer pod), so the chart ships with the code that renders it.
+FILES: dict[str, list[tuple[str, str]]] = {"trainer": [("helm/lmforge", "chart")]}
 # Wheels get this timestamp, so rebuilding unchanged sources gives identical bytes and the
 # image build's layer cache still hits.
 SOURCE_DATE_EPOCH = "315532800"  # 1980-01-01, the oldest time a zip file can hold
@@ -62,8 +73,13 @@ def pip(*args: str, env: dict | None = None) -> None:
 def project_version(folder: str) -> tuple[str, str]:
     import tomllib
 
-    project = tomllib.loads((REPO / "services" / folder / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((REPO / folder / "pyproject.toml").read_text())["project"]
     return project["name"], project["version"]
+
+
+def requirement(folder: str, extras: str) -> str:
+    """lmforge-NAME[extras], as the image asks for the distribution of `folder`."""
+    return project_version(folder)[0] + (f"[{extras}]" if extras else "")
 
 
 TORCH_MARK = "# with torch"  # torch, and what only torch needs: a base image with torch has them
@@ -94,15 +110,15 @@ def torch_only(items: list[dict], roots: list[tuple[str, str]]) -> set[str]:
                     stack.append((canonical(req.name), frozenset(req.extras)))
         return {name for name, _ in seen}
 
-    start = [(canonical(f"lmforge-{folder}"), frozenset(filter(None, [extras]))) for folder, extras in roots]
+    start = [(canonical(project_version(folder)[0]), frozenset(filter(None, extras.split(","))))
+             for folder, extras in roots]
     if "torch" not in reach(start, None):
         return set()
     return reach([("torch", frozenset())], None) - reach(start, "torch")
 
 
 def lock(service: str) -> Path:
-    requirements = [f"{REPO / 'services' / folder}" + (f"[{extras}]" if extras else "")
-                    for folder, extras in IMAGES[service]]
+    requirements = [f"{REPO / folder}" + (f"[{extras}]" if extras else "") for folder, extras in IMAGES[service]]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         pip("install", "--quiet", "--dry-run", "--ignore-installed", "--report", str(report), *requirements)
@@ -111,8 +127,7 @@ def lock(service: str) -> Path:
     pins = sorted((canonical(item["metadata"]["name"]), item["metadata"]["version"]) for item in items)
     pins = [(name, version) for name, version in pins if not name.startswith("lmforge-")]
     width = max(len(f"{name}=={version}") for name, version in pins)
-    requested = " ".join(f"lmforge-{folder}" + (f"[{extras}]" if extras else "")
-                         for folder, extras in IMAGES[service])
+    requested = " ".join(requirement(folder, extras) for folder, extras in IMAGES[service])
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     lines = [
         f"# Third-party distributions of the lmforge/{service} image: {requested}",
@@ -130,15 +145,19 @@ def lock(service: str) -> Path:
 
 
 def sync_dir(src: Path, dest: Path) -> None:
-    """Make `dest` hold exactly the files of `src`, leaving identical files untouched."""
+    """Make `dest` hold exactly the files and folders of `src`, leaving identical files untouched
+    (so the engine's layer cache still hits)."""
     dest.mkdir(parents=True, exist_ok=True)
-    wanted = {p.name for p in src.iterdir()}
+    wanted = {p.name: p for p in src.iterdir() if p.name != "__pycache__"}
     for old in dest.iterdir():
-        if old.name not in wanted:
-            old.unlink()
-    for new in src.iterdir():
-        target = dest / new.name
-        if not (target.exists() and filecmp.cmp(new, target, shallow=False)):
+        new = wanted.get(old.name)
+        if new is None or new.is_dir() != old.is_dir():
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+    for name, new in wanted.items():
+        target = dest / name
+        if new.is_dir():
+            sync_dir(new, target)
+        elif not (target.exists() and filecmp.cmp(new, target, shallow=False)):
             shutil.copy2(new, target)
 
 
@@ -147,17 +166,14 @@ def build_own_wheels(service: str, own: Path) -> None:
         src_root, wheels = Path(tmp) / "src", Path(tmp) / "wheels"
         folders = []
         for folder, _ in IMAGES[service]:
-            # Build from a copy, so no build/ or egg-info lands in services/.
-            copy = src_root / folder
-            shutil.copytree(REPO / "services" / folder, copy,
+            # Build from a copy, so no build/ or egg-info lands in the source folder.
+            copy = src_root / Path(folder).name
+            shutil.copytree(REPO / folder, copy,
                             ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build", "*.pyc"))
             folders.append(str(copy))
         env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH, PYTHONDONTWRITEBYTECODE="1")
         pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), *folders, env=env)
-        lines = []
-        for folder, extras in IMAGES[service]:
-            name, version = project_version(folder)
-            lines.append(f"{name}" + (f"[{extras}]" if extras else "") + f"=={version}")
+        lines = [f"{requirement(folder, extras)}=={project_version(folder)[1]}" for folder, extras in IMAGES[service]]
         (wheels / "requirements.txt").write_text("\n".join(lines) + "\n")
         sync_dir(wheels, own)
 
@@ -189,7 +205,10 @@ def context(service: str, out: Path) -> None:
     script = REPO / "docker" / "venv.sh"
     if not ((out / "venv.sh").exists() and filecmp.cmp(script, out / "venv.sh", shallow=False)):
         shutil.copy2(script, out / "venv.sh")
-    for extra in set(p.name for p in out.iterdir()) - {"deps", "own", "venv.sh"}:
+    for folder, name in FILES.get(service, []):
+        sync_dir(REPO / folder, out / name)
+    keep = {"deps", "own", "venv.sh", *(name for _, name in FILES.get(service, []))}
+    for extra in set(p.name for p in out.iterdir()) - keep:
         path = out / extra
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

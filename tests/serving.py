@@ -136,3 +136,23 @@ def in_process_server(service) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         service.stop()
+
+
+def upload_package(client, bucket: str, prefix: str, package: Path) -> str:
+    """Copy a package directory to s3://bucket/prefix (config.json last, as the export step
+    publishes it); returns the URI."""
+    for name in sorted((p.name for p in package.iterdir()), key=lambda name: name == "config.json"):
+        client.upload_file(str(package / name), bucket, f"{prefix}/{name}")
+    return f"s3://{bucket}/{prefix}"
+
+
+def corrupted_copy(source: Path, output: Path) -> Path:
+    """The package with one byte of its last weight flipped: same size, and a sha256 that no
+    longer matches its config.json (safetensors would still load it)."""
+    import shutil
+
+    shutil.copytree(source, output)
+    data = bytearray((output / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (output / "model.safetensors").write_bytes(bytes(data))
+    return output

@@ -6,7 +6,7 @@ from functools import cache
 
 from tests.helm_chart import render
 
-CRD_KINDS = {"PyTorchJob", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
+CRD_KINDS = {"PyTorchJob", "TrainJob", "TrainingRuntime", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
 KUBE_VERSION = "1.30.0"
 NAMESPACE = "ml"
 
@@ -37,7 +37,8 @@ CPU_ONLY = {
     "canary": {"config": {"tolerance": {"max_perplexity_increase_ratio": 0.05}}},
 }
 
-# Four 8-GPU nodes with elastic rendezvous, GPU serving, custom-metric autoscaling.
+# Four 8-GPU nodes with elastic rendezvous, gang-scheduled by Volcano; GPU serving, custom-metric
+# autoscaling.
 MULTI_NODE_GPU = {
     "image": {"registry": "ghcr.io/example", "tag": "1.2.3", "pullPolicy": "Always", "pullSecrets": ["ghcr"]},
     "s3": {"credentialsSecret": "lmforge-s3", "region": "us-east-1"},
@@ -50,6 +51,7 @@ MULTI_NODE_GPU = {
         "nprocPerNode": 8,
         "gpusPerProcess": 1,
         "elastic": {"enabled": True, "minNodes": 2, "maxNodes": 4, "maxRestarts": 5},
+        "scheduling": {"volcano": {"queue": "training", "minAvailable": 2}},
         "checkpoints": {"persistentVolumeClaim": "lmforge-checkpoints"},
         "shmSize": "64Gi",
         "resources": {"requests": {"cpu": "32", "memory": "512Gi"}, "limits": {"cpu": "96", "memory": "1024Gi"}},
@@ -84,6 +86,33 @@ MULTI_NODE_GPU = {
     "monitoring": {"additionalLabels": {"release": "kube-prometheus-stack"}},
 }
 
+# Kubeflow Trainer v2: a TrainJob on its own TrainingRuntime, two 4-GPU nodes on a shared claim,
+# admitted whole by Kueue.
+TRAINJOB_KUEUE = {
+    "image": {"registry": "registry.example.com/ml", "tag": "1.2.3"},
+    "s3": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "lmforge-s3"},
+    "training": {
+        "enabled": True,
+        "operator": "trainjob",
+        "run": "trainer-v2-run",
+        "nodes": 2,
+        "nprocPerNode": 4,
+        "gpusPerProcess": 1,
+        "restartPolicy": "Never",
+        "backoffLimit": 2,
+        "checkpoints": {"persistentVolumeClaim": "lmforge-checkpoints"},
+        "scheduling": {"kueue": {"queueName": "team-ml"}},
+        "config": {
+            "model": {"preset": "350m"},
+            "data": {"sources": [{"path": "s3://lmforge/datasets/cc-main-2024-22"}], "seq_len": 512},
+            "parallel": {"mode": "fsdp"},
+            "steps": 20000,
+        },
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "priorityClassName": "training-high",
+    },
+}
+
 # A cluster that has its own Prometheus, Grafana, Pushgateway and collector, and no operator CRDs.
 OBSERVABILITY_OFF = {
     "dataprep": {"enabled": True},
@@ -101,6 +130,7 @@ VALUE_SETS = {
     "default": {},
     "cpu-only": CPU_ONLY,
     "multi-node-gpu": MULTI_NODE_GPU,
+    "trainjob-kueue": TRAINJOB_KUEUE,
     "observability-off": OBSERVABILITY_OFF,
     "canary-off": CANARY_OFF,
 }
@@ -111,17 +141,24 @@ def rendered(name: str) -> tuple[dict, ...]:
     return tuple(render(VALUE_SETS[name], namespace=NAMESPACE))
 
 
-def pod_specs(obj: dict) -> list[tuple[str, dict]]:
-    """(where, pod spec) of every pod template in a workload object."""
+def pod_templates(obj: dict) -> list[tuple[str, dict]]:
+    """(where, pod template: metadata and spec) of every pod template in a workload object."""
     kind, spec = obj["kind"], obj.get("spec", {})
     if kind in ("Deployment", "Job"):
-        return [(kind, spec["template"]["spec"])]
+        return [(kind, spec["template"])]
     if kind == "CronJob":
-        return [(kind, spec["jobTemplate"]["spec"]["template"]["spec"])]
+        return [(kind, spec["jobTemplate"]["spec"]["template"])]
     if kind == "PyTorchJob":
-        return [(f"PyTorchJob/{role}", replica["template"]["spec"])
-                for role, replica in spec["pytorchReplicaSpecs"].items()]
+        return [(f"PyTorchJob/{role}", replica["template"]) for role, replica in spec["pytorchReplicaSpecs"].items()]
+    if kind == "TrainingRuntime":
+        return [(f"TrainingRuntime/{job['name']}", job["template"]["spec"]["template"])
+                for job in spec["template"]["spec"]["replicatedJobs"]]
     return []
+
+
+def pod_specs(obj: dict) -> list[tuple[str, dict]]:
+    """(where, pod spec) of every pod template in a workload object."""
+    return [(where, template["spec"]) for where, template in pod_templates(obj)]
 
 
 def containers(pod: dict) -> list[dict]:

@@ -3,10 +3,12 @@ the training operator's stand-in is "the rendered PyTorchJob's container command
 processes with the env the operator injects").
 
 A pod is a directory; a container is a process started from the container's own `command` and
-`args`, with the container's declared `env` (Secret and field references resolved) plus what the
-controller injects: the Kubeflow Training Operator v1's variables (`operator_env`) into a
-PyTorchJob's containers, JOB_COMPLETION_INDEX into an Indexed Job's. Init containers run in order
-to completion, native sidecars (init containers with restartPolicy Always) start before the main
+`args` ($(VAR) references expanded), with the container's declared `env` (Secret and field
+references resolved, the pod's annotations included) plus what the controller injects: the
+Kubeflow Training Operator v1's variables (`operator_env`) into a PyTorchJob's containers,
+Kubeflow Trainer v2's (`trainer_env`) into a TrainJob's `node` container, JOB_COMPLETION_INDEX
+(and the completion-index annotation) into an Indexed Job's. Init containers run in order to
+completion, native sidecars (init containers with restartPolicy Always) start before the main
 containers and get SIGTERM once those have exited, as the kubelet does.
 
 What one machine cannot give, and the only liberties taken:
@@ -21,12 +23,13 @@ What one machine cannot give, and the only liberties taken:
   program uses without the manifest naming them (code defaults under /tmp) stay this machine's;
 - images: `python` is this interpreter; the services' entry points are this virtual environment's.
 The operator's own `init-pytorch` container on Workers only waits for the Master's DNS name, which
-here is loopback: it is not emulated.
+here is loopback: it is not emulated. Nor is scheduling (Kueue admission, Volcano's PodGroups).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -108,6 +111,17 @@ def map_network(value: str, endpoints: dict[str, str], ports: dict[int, int]) ->
     return pattern.sub(replace, value)
 
 
+def expand_env_references(value: str, env: dict[str, str]) -> str:
+    """`value` with each $(NAME) of a variable in `env` replaced by its value, as the kubelet
+    expands a container's command and args ($$ escapes a $; unknown names stay as written)."""
+    def replace(match: re.Match) -> str:
+        if match.group(0).startswith("$$"):
+            return match.group(0)[1:]
+        return env.get(match.group(1), match.group(0))
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", replace, value)
+
+
 # -- containers, pods, the cluster ----------------------------------------------------------------------
 
 
@@ -163,10 +177,12 @@ class Container:
 
 
 class Pod:
-    def __init__(self, cluster: Cluster, name: str, template: dict):
+    def __init__(self, cluster: Cluster, name: str, template: dict, annotations: dict[str, str] | None = None):
         self.cluster, self.name = cluster, name
         self.spec = template["spec"]
         self.labels = template.get("metadata", {}).get("labels", {})
+        # The template's, plus what the controller adds (the Job controller: the completion index).
+        self.annotations = {**(template.get("metadata", {}).get("annotations") or {}), **(annotations or {})}
         self.dir = cluster.root / "pods" / name
         self.dir.mkdir(parents=True)
         self.volumes = {v["name"]: cluster.volume(self, v) for v in self.spec.get("volumes", [])}
@@ -199,7 +215,9 @@ class Pod:
     def localize(self, spec: dict, value: str) -> str:
         return map_mount_paths(map_network(value, self.cluster.endpoints, self.ports), self.mounts(spec))
 
-    def argv(self, spec: dict) -> list[str]:
+    def argv(self, spec: dict, env: dict[str, str]) -> list[str]:
+        """The command and args, with $(VAR) references to the container's `env` expanded as the
+        kubelet does, and in-cluster paths and addresses made local."""
         if not spec.get("command"):
             raise ValueError(f"{self.name}/{spec['name']}: no command (the image's entrypoint is not known here)")
         program, *rest = spec["command"]
@@ -209,7 +227,8 @@ class Pod:
             executable = shutil.which(program, path=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
             if executable is None:
                 raise FileNotFoundError(f"{self.name}/{spec['name']}: command {program!r} not found")
-        return [executable, *(self.localize(spec, a) for a in [*rest, *spec.get("args", [])])]
+        words = [*rest, *spec.get("args", [])]
+        return [executable, *(self.localize(spec, expand_env_references(word, env)) for word in words)]
 
     def env(self, spec: dict, injected: dict[str, str]) -> dict[str, str]:
         """PATH and HOME (a process needs them; the image would set them), then the container's
@@ -228,19 +247,20 @@ class Pod:
         spec = self.container_spec(name)
         log_path = self.dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(exist_ok=True)
+        env = self.env(spec, injected or {})
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen(self.argv(spec), env=self.env(spec, injected or {}), cwd=self.dir,
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+            popen = subprocess.Popen(self.argv(spec, env), env=env, cwd=self.dir, stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         started = self.containers[name] = Container(self, spec, popen, log_path)
         self.cluster.started.append(started)
         return started
 
-    def run_init_containers(self, timeout: float) -> None:
+    def run_init_containers(self, timeout: float, injected: dict[str, str] | None = None) -> None:
         """Init containers in order: each runs to completion (exit 0 required) before the next;
-        a native sidecar (restartPolicy Always) is started and left running."""
+        a native sidecar (restartPolicy Always) is started and left running. `injected`: what the
+        controller adds to every container (the Job controller: JOB_COMPLETION_INDEX)."""
         for spec in self.spec.get("initContainers", []):
-            started = self.start(spec["name"])
+            started = self.start(spec["name"], injected)
             if spec.get("restartPolicy") == "Always":
                 continue
             code = started.wait(timeout)
@@ -301,8 +321,8 @@ class Cluster:
             if started.poll() is None:
                 started.kill()
 
-    def pod(self, name: str, template: dict) -> Pod:
-        return Pod(self, name, template)
+    def pod(self, name: str, template: dict, annotations: dict[str, str] | None = None) -> Pod:
+        return Pod(self, name, template, annotations)
 
     def claim(self, name: str) -> Path:
         """The directory standing in for PersistentVolumeClaim `name` (shared by its pods)."""
@@ -346,7 +366,10 @@ class Cluster:
             fields = {"metadata.name": pod.name, "metadata.namespace": self.namespace, "status.podIP": LOOPBACK,
                       "status.hostIP": LOOPBACK, "spec.nodeName": "localhost",
                       "spec.serviceAccountName": pod.spec.get("serviceAccountName", "default")}
-            return fields[source["fieldRef"]["fieldPath"]]
+            path = source["fieldRef"]["fieldPath"]
+            if keyed := re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path):
+                return getattr(pod, keyed.group(1))[keyed.group(2)]
+            return fields[path]
         raise NotImplementedError(f"env {entry['name']}: {sorted(source)}")
 
     def register(self, host: str, port: int, loopback_port: int) -> None:
@@ -399,8 +422,14 @@ def launch_pytorchjob(cluster: Cluster, job: dict, timeout: float) -> list[Pod]:
     for role, index, pod in pods:
         pod.run_init_containers(timeout)
         pod.start_main(on_loopback(operator_env(job, role, index), cluster))
+    return _until_the_main_containers_exit([pod for _, _, pod in pods], timeout)
+
+
+def _until_the_main_containers_exit(pods: list[Pod], timeout: float) -> list[Pod]:
+    """Wait until every main container has exited (stopping all of them if one fails or the
+    time is up), then stop each pod's sidecars, as the kubelet does once its main containers end."""
     deadline = time.monotonic() + timeout
-    running = [c for _, _, pod in pods for c in pod.main()]
+    running = [c for pod in pods for c in pod.main()]
     while running:
         failed = [c for c in running if c.poll() not in (None, 0)]
         if failed or time.monotonic() > deadline:
@@ -409,9 +438,70 @@ def launch_pytorchjob(cluster: Cluster, job: dict, timeout: float) -> list[Pod]:
             break
         running = [c for c in running if c.poll() is None]
         time.sleep(0.2)
-    for _, _, pod in pods:
+    for pod in pods:
         pod.stop_sidecars()
-    return [pod for _, _, pod in pods]
+    return pods
+
+
+# -- Kubeflow Trainer v2 -----------------------------------------------------------------------------
+
+TRAINER_PORT = 29500  # Trainer v2's rendezvous port (pkg/constants ContainerTrainerPort)
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # the Job controller's pod annotation
+
+
+def trainjob_node_template(trainjob: dict, runtime: dict) -> tuple[dict, int]:
+    """The trainer's pod template and pod count as Kubeflow Trainer v2 builds the JobSet from the
+    TrainingRuntime and the TrainJob (v2.2: plugins/jobset builder.go, plugins/torch torch.go):
+    the replicated job labelled trainjob-ancestor-step trainer (one Job, numNodes pods); in its
+    `node` container the TrainJob's trainer image, command, args and env, and the rendezvous
+    port. The PET_* variables come separately (trainer_env), as the operator's do."""
+    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                                              "name": runtime["metadata"]["name"]}
+    assert "torch" in runtime["spec"]["mlPolicy"], "the torch plugin sets torchrun's variables"
+    (replicated,) = [r for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                     if r["template"]["metadata"]["labels"].get("trainer.kubeflow.org/trainjob-ancestor-step")
+                     == "trainer"]
+    assert replicated["name"] == "node"
+    template = copy.deepcopy(replicated["template"]["spec"]["template"])
+    node = _container(template["spec"], "node")
+    trainer = trainjob["spec"].get("trainer") or {}
+    node.update({key: trainer[key] for key in ("image", "command", "args") if key in trainer})
+    if trainer.get("env") or trainer.get("resourcesPerNode"):
+        raise NotImplementedError("trainer.env / trainer.resourcesPerNode of a TrainJob")
+    ports = [p for p in node.get("ports", []) if p["containerPort"] != TRAINER_PORT]
+    node["ports"] = [*ports, {"containerPort": TRAINER_PORT}]  # upserted, by port or name
+    nodes = trainer.get("numNodes", runtime["spec"]["mlPolicy"].get("numNodes", 1))
+    return template, nodes
+
+
+def trainer_env(trainjob: dict, index: int) -> dict[str, str]:
+    """What Trainer v2's torch plugin sets in the `node` container of pod `index` for torchrun
+    (PET_NODE_RANK is a reference to the pod's completion index, resolved here)."""
+    name = trainjob["metadata"]["name"]
+    trainer = trainjob["spec"]["trainer"]
+    assert "numProcPerNode" in trainer, "without it Trainer derives the processes from the resources"
+    return {"PET_NNODES": str(trainer["numNodes"]), "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+            "PET_NODE_RANK": str(index),
+            "PET_MASTER_ADDR": f"{name}-node-0-0.{name}", "PET_MASTER_PORT": str(TRAINER_PORT)}
+
+
+def launch_trainjob(cluster: Cluster, trainjob: dict, runtime: dict, timeout: float) -> list[Pod]:
+    """What Trainer v2, JobSet, the Job controller and the kubelets do with `trainjob`: its node
+    Job's pods <job>-node-0-<index> (each annotated with its completion index, JOB_COMPLETION_INDEX
+    in every container), the headless Service's name of pod 0 (<job>-node-0-0.<job>) on the
+    rendezvous port; in each pod the init containers in order, then the sidecars and the `node`
+    container with Trainer's variables. Waits as launch_pytorchjob does; returns the pods, node
+    rank 0 first."""
+    name = trainjob["metadata"]["name"]
+    template, nodes = trainjob_node_template(trainjob, runtime)
+    pods = [cluster.pod(f"{name}-node-0-{index}", template, annotations={COMPLETION_INDEX: str(index)})
+            for index in range(nodes)]
+    cluster.register(f"{name}-node-0-0.{name}", TRAINER_PORT, pods[0].port(TRAINER_PORT))
+    for index, pod in enumerate(pods):
+        job_env = {"JOB_COMPLETION_INDEX": str(index)}
+        pod.run_init_containers(timeout, job_env)
+        pod.start_main({**job_env, **on_loopback(trainer_env(trainjob, index), cluster)})
+    return _until_the_main_containers_exit(pods, timeout)
 
 
 def run_job_pod(cluster: Cluster, pod_name: str, template: dict, timeout: float,

@@ -1,6 +1,6 @@
 """Every container the chart renders runs a command the real CLIs accept: each service's own
-argparse parser, torchrun's parser (with the variables the Kubeflow v1 operator injects), and each
-service's config loader for the overrides the chart passes."""
+argparse parser, torchrun's parser (with the variables the Kubeflow Training Operator v1 or Trainer
+v2 injects), and each service's config loader for the overrides the chart passes."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from lmforge.trainer.config import TrainConfig
 from lmforge.uploader.cli import _parser as uploader_parser
 from lmforge.uploader.config import load_uploader_config
 from tests.deploy.chart_values import VALUE_SETS, container, containers, pod_specs, rendered, set_values
-from tests.deploy.emulation import operator_env
+from tests.deploy.emulation import TRAINER_PORT, expand_env_references, operator_env, trainer_env
 from tests.helm_chart import find
 
 SETS = sorted(VALUE_SETS)
@@ -88,6 +88,32 @@ def test_pytorch_containers_run_torchrun_driven_by_the_operator_variables(name, 
             assert train.device == ("cuda" if name == "multi-node-gpu" else "cpu")
 
 
+def test_node_containers_run_torchrun_driven_by_trainer_v2s_variables(monkeypatch):
+    objects = list(rendered("trainjob-kueue"))
+    (runtime,) = find(objects, "TrainingRuntime")
+    (trainjob,) = find(objects, "TrainJob")
+    name = trainjob["metadata"]["name"]
+    (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    trainer = container(replicated["template"]["spec"]["template"]["spec"], "node")
+    assert trainer["command"] == ["python", "-m", "torch.distributed.run"]
+    assert not any(a.startswith(("--nnodes", "--node", "--nproc", "--master", "--rdzv", "--standalone"))
+                   for a in trainer["args"])
+    nodes = trainjob["spec"]["trainer"]["numNodes"]
+    for index in range(nodes):
+        env = trainer_env(trainjob, index)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        args = torchrun.get_args_parser().parse_args(trainer["args"])
+        config, _, _ = torchrun.config_from_args(args)
+        assert config.nproc_per_node == trainjob["spec"]["trainer"]["numProcPerNode"] == 4
+        assert (config.min_nodes, config.max_nodes) == (nodes, nodes)
+        assert config.rdzv_backend == "static" and config.rdzv_configs["rank"] == index
+        assert config.rdzv_endpoint == f"{name}-node-0-0.{name}:{TRAINER_PORT}"
+        train = _trainer_config(args.training_script_args, monkeypatch)
+        assert train.run_dir == "/checkpoints/trainer-v2-run" and train.device == "cuda"
+        assert train.model.preset == "350m" and train.checkpoint.purge_requires_upload is True
+
+
 def test_trainer_overrides_keep_their_types(monkeypatch):
     (job,) = find(list(rendered("cpu-only")), "PyTorchJob")
     args = container(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"], "pytorch")["args"]
@@ -119,14 +145,18 @@ def _containers(name: str, image: str):
 @pytest.mark.parametrize("name", SETS)
 def test_uploader_restore_and_watch_commands(name):
     found = list(_containers(name, "uploader"))
-    if not any(o["kind"] == "PyTorchJob" for o in rendered(name)):
+    if not any(o["kind"] in ("PyTorchJob", "TrainingRuntime") for o in rendered(name)):
         assert found == []
         return
     for where, pod, c in found:
         assert c["command"] == ["lmforge-uploader"], where
-        args = uploader_parser().parse_args(c["args"])
+        # The kubelet expands $(LMFORGE_NODE_RANK) (a TrainJob pod's completion index), here node rank 1's.
+        env = {e["name"] for e in c["env"]}
+        args = uploader_parser().parse_args([expand_env_references(a, {"LMFORGE_NODE_RANK": "1"}) for a in c["args"]])
+        assert args.node_rank == (1 if "LMFORGE_NODE_RANK" in env else 0), where
+        assert ("LMFORGE_NODE_RANK" in env) == (name == "trainjob-kueue"), where  # one template, a shared claim
         config = load_uploader_config(args.config, args.set)
-        trainer_args = container(pod, "pytorch")["args"]
+        trainer_args = next(x for x in pod["containers"] if x["name"] in ("pytorch", "node"))["args"]
         run_dir = next(a.split("=", 1)[1] for a in trainer_args if a.startswith("run_dir="))
         assert args.dir == f"{run_dir}/checkpoints", where  # the directory the trainer writes
         uri = args.dest if args.command == "watch" else args.src

@@ -19,6 +19,7 @@ from tests.deploy.chart_values import (
     container,
     containers,
     pod_specs,
+    pod_templates,
     rendered,
 )
 from tests.helm_chart import CHART, crd_errors, find, render
@@ -69,6 +70,8 @@ def test_value_sets_render_what_they_turn_on():
                 "ServiceAccount", "Role", "RoleBinding", "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}
     assert platform <= kinds["default"] and not {"Job", "PyTorchJob"} & kinds["default"]
     assert {"Job", "PyTorchJob"} <= kinds["cpu-only"] and {"Job", "PyTorchJob"} <= kinds["multi-node-gpu"]
+    assert {"TrainJob", "TrainingRuntime"} <= kinds["trainjob-kueue"] and "PyTorchJob" not in kinds["trainjob-kueue"]
+    assert not {"TrainJob", "TrainingRuntime"} & set().union(*(kinds[n] for n in SETS if n != "trainjob-kueue"))
     assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule"} & kinds["observability-off"]
     # No rules file, no dashboards: the canary's eval set is the only ConfigMap left.
     assert [c["metadata"]["name"] for c in find(list(rendered("observability-off")), "ConfigMap")] \
@@ -87,10 +90,15 @@ BAD_VALUES = [
     ({"training": {"gpusPerProcess": 2}}, "/training/gpusPerProcess"),
     ({"training": {"restartPolicy": "Sometimes"}}, "/training/restartPolicy"),
     ({"training": {"objectStore": "/data/runs"}}, "/training/objectStore"),
+    ({"training": {"operator": "mpijob"}}, "/training/operator"),
+    ({"training": {"scheduling": {"kueue": {"queueName": "Team A"}}}}, "/training/scheduling/kueue/queueName"),
+    ({"training": {"scheduling": {"volcano": {"minAvailable": -1}}}}, "/training/scheduling/volcano/minAvailable"),
+    ({"training": {"scheduling": {"yunikorn": {}}}}, "/training/scheduling"),
     ({"training": {"shmSize": "lots"}}, "/training/shmSize"),
     ({"inference": {"resources": {"limits": None}}}, "/inference/resources"),
     ({"training": {"resources": {"requests": {"memory": "lots"}}}}, "/training/resources/requests/memory"),
     ({"inference": {"port": 70000}}, "/inference/port"),
+    ({"inference": {"startupProbe": {"loadTimeoutSeconds": 0}}}, "/inference/startupProbe/loadTimeoutSeconds"),
     ({"inference": {"pdb": {"minAvailable": "half"}}}, "/inference/pdb/minAvailable"),
     ({"inference": {"autoscaling": {"targetCPUUtilizationPercentage": 0}}}, "/inference/autoscaling"),
     ({"canary": {"schedule": "every day"}}, "/canary/schedule"),
@@ -132,6 +140,15 @@ def test_the_schema_accepts_every_value_set_and_open_dependency_sections(chart):
     ({"training": {"enabled": True, "config": {"run_dir": "/x"}}}, "training.config.run_dir is set by the chart"),
     ({"training": {"enabled": True, "config": {"metrics": {"port": 1}}}}, "training.metricsPort"),
     ({"training": {"enabled": True, "uploader": {"config": {"metrics_port": 1}}}}, "training.uploader.metricsPort"),
+    ({"training": {"enabled": True, "operator": "trainjob", "elastic": {"enabled": True}}}, "no elastic training"),
+    ({"training": {"enabled": True, "operator": "trainjob", "restartPolicy": "ExitCode"}}, "OnFailure or Never"),
+    ({"training": {"enabled": True, "scheduling": {"kueue": {"queueName": "q"}, "volcano": {"queue": "q"}}}},
+     "not both"),
+    ({"training": {"enabled": True, "scheduling": {"volcano": {"queue": "q", "minAvailable": 2}}}},
+     "more than the job's 1 pods"),
+    ({"training": {"enabled": True, "operator": "trainjob", "nodes": 2,
+                   "checkpoints": {"persistentVolumeClaim": "c"},
+                   "scheduling": {"volcano": {"queue": "q", "minAvailable": 1}}}}, "Trainer v2 gangs every pod"),
     ({"inference": {"config": {"api_keys_file": "/k"}}}, "inference.apiKeys.secretName"),
     ({"dataprep": {"enabled": True, "workers": 2, "parallelism": 4}}, "dataprep.parallelism"),
     ({"inference": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas"),
@@ -222,16 +239,23 @@ def test_rbac_is_one_namespaced_role_with_exactly_the_pipeline_verbs(name):
              for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
     assert rules == {
         ("kubeflow.org", "pytorchjobs"): sorted(["create", "get", "list", "watch", "delete"]),
+        ("trainer.kubeflow.org", "trainjobs"): sorted(["create", "get", "list", "watch", "delete"]),
+        # patch: the launcher makes each TrainJob the owner of its runtime
+        ("trainer.kubeflow.org", "trainingruntimes"): sorted(["create", "get", "list", "watch", "delete", "patch"]),
         ("batch", "jobs"): sorted(["create", "get", "list", "watch", "delete"]),
         ("", "pods"): sorted(["get", "list", "watch"]),
         ("", "pods/log"): ["get"],
-        ("apps", "deployments"): ["get", "patch"],  # the rollout step, this release's Deployment only
-        ("apps", "deployments/status"): ["get"],
+        # The rollout step reads this release's inference Deployment (it moves the model pointer,
+        # never the Deployment: no patch) and runs a Job from its canary CronJob.
+        ("apps", "deployments"): ["get"],
+        **({} if name == "canary-off" else {("batch", "cronjobs"): ["get"]}),
     }
     assert all("*" not in r["verbs"] for r in role["rules"])
     for rule in role["rules"]:
-        if rule["apiGroups"] == ["apps"]:
+        if rule["resources"] == ["deployments"]:
             assert rule["resourceNames"] == ["lmforge-inference"]
+        elif rule["resources"] == ["cronjobs"]:
+            assert rule["resourceNames"] == ["lmforge-canary"]
         else:
             assert "resourceNames" not in rule
     (binding,) = find(objects, "RoleBinding")
@@ -283,9 +307,21 @@ def test_network_policies_admit_only_the_gateway_canary_and_prometheus(name):
     assert batch["podSelector"]["matchExpressions"][0]["values"] == ["dataprep", "canary"]
     # Every pod the chart runs is selected by one of them.
     for obj in workloads(name):
-        labels = (obj["spec"].get("template") or obj["spec"].get("jobTemplate", {}).get("spec", {}).get("template")
-                  or next(iter(obj["spec"].get("pytorchReplicaSpecs", {}).values()))["template"])["metadata"]["labels"]
-        assert any(_selects(p["spec"]["podSelector"], labels) for p in policies.values()), obj["metadata"]["name"]
+        for where, template in pod_templates(obj):
+            labels = template["metadata"]["labels"]
+            assert any(_selects(p["spec"]["podSelector"], labels) for p in policies.values()), where
+
+
+def _scraped(monitor: dict, labels: dict) -> bool:
+    """Whether the monitor's `keep` relabelings keep the target of a pod with `labels` (Prometheus
+    joins the source labels with ";" and matches the whole string)."""
+    meta = {"__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in labels.items()}
+    for rule in monitor["podMetricsEndpoints"][0].get("relabelings", []):
+        if rule.get("action") == "keep":
+            value = rule.get("separator", ";").join(meta.get(s, "") for s in rule["sourceLabels"])
+            if not re.fullmatch(rule.get("regex", "(.*)"), value):
+                return False
+    return _selects(monitor["selector"], labels)
 
 
 def _selects(selector: dict, labels: dict) -> bool:
@@ -314,8 +350,15 @@ def test_pytorchjob_multi_node_gpu():
     replicas = spec["pytorchReplicaSpecs"]
     assert set(replicas) == {"Master", "Worker"}
     assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 3
-    assert spec["elasticPolicy"] == {"rdzvBackend": "c10d", "rdzvHost": "lmforge-trainer-master-0", "rdzvPort": 23456,
-                                     "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 5}
+    # Named after the run: a new run is a new job.
+    assert job["metadata"]["name"] == "lmforge-train-cc-1p3b-v1"
+    assert job["metadata"]["labels"]["lmforge.io/run"] == "cc-1p3b-v1"
+    assert spec["elasticPolicy"] == {"rdzvBackend": "c10d", "rdzvHost": "lmforge-train-cc-1p3b-v1-master-0",
+                                     "rdzvPort": 23456, "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 5}
+    # Gang-scheduled by Volcano: the operator's PodGroup, which the pods join.
+    assert spec["runPolicy"]["schedulingPolicy"] == {"queue": "training", "minAvailable": 2,
+                                                     "priorityClass": "training-high"}
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
     for role, replica in replicas.items():
         pod = replica["template"]["spec"]
         trainer = container(pod, "pytorch")
@@ -334,6 +377,8 @@ def test_pytorchjob_multi_node_gpu():
         assert "podAntiAffinity" in pod["affinity"] and pod["priorityClassName"] == "training-high"
         assert pod["imagePullSecrets"] == [{"name": "ghcr"}]
         assert "device=cuda" in trainer["args"]
+        assert pod["schedulerName"] == "volcano"
+        assert replica["template"]["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == job["metadata"]["name"]
         # On the shared claim the Master alone restores and uploads.
         init = [c["name"] for c in pod.get("initContainers", [])]
         assert init == (["restore", "uploader"] if role == "Master" else []), role
@@ -368,6 +413,74 @@ def test_pytorchjob_single_node_cpu_with_restore_and_native_uploader_sidecar():
     assert "grace_seconds=300" in uploader["args"]
 
 
+def test_trainjob_runs_lmforges_pod_on_its_own_runtime_admitted_by_kueue():
+    objects = list(rendered("trainjob-kueue"))
+    (runtime,) = find(objects, "TrainingRuntime")
+    (trainjob,) = find(objects, "TrainJob")
+    name = "lmforge-train-trainer-v2-run"
+    assert runtime["metadata"]["name"] == trainjob["metadata"]["name"] == name
+    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                                              "name": name}
+    # torchrun's settings where Trainer v2 reads them: PET_NNODES / PET_NPROC_PER_NODE come from these.
+    assert trainjob["spec"]["trainer"] == {"numNodes": 2, "numProcPerNode": 4}
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 2, "torch": {}}
+    # Kueue admits the TrainJob whole; no Volcano.
+    assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"
+    assert "podGroupPolicy" not in runtime["spec"]
+    # The runtime exists before the TrainJob: Helm creates it with the release, the TrainJob after.
+    assert trainjob["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert "helm.sh/hook" not in runtime["metadata"].get("annotations", {})
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node"
+    assert node["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    assert node["template"]["spec"]["backoffLimit"] == 2
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and "schedulerName" not in pod
+    trainer = container(pod, "node")  # Trainer v2 finds the trainer container by this name
+    assert [c["name"] for c in pod["containers"]] == ["node"]
+    assert trainer["image"] == "registry.example.com/ml/lmforge/trainer:1.2.3"
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert {p["name"] for p in trainer["ports"]} == {"metrics"}  # Trainer adds its own rendezvous port
+    assert not {e["name"] for e in trainer["env"]} & {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
+                                                       "PET_MASTER_ADDR", "PET_MASTER_PORT"}  # Trainer's own
+    assert pod["volumes"][0] == {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "lmforge-checkpoints"}}
+    assert pod["priorityClassName"] == "training-high" and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    # One template for every node: on the shared claim the restore and the uploader act on node
+    # rank 0 only, which they learn from the pod's completion index.
+    rank = {"name": "LMFORGE_NODE_RANK", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
+    for name_ in ("restore", "uploader"):
+        sidecar = container(pod, name_)
+        assert rank in sidecar["env"]
+        at = sidecar["args"].index("--node-rank")
+        assert sidecar["args"][at + 1] == "$(LMFORGE_NODE_RANK)"
+
+
+def test_trainjob_gang_scheduled_by_volcano():
+    objects = render({"training": {"enabled": True, "operator": "trainjob", "nodes": 2,
+                                   "checkpoints": {"persistentVolumeClaim": "c"},
+                                   "scheduling": {"volcano": {"queue": "research"}}}})
+    (runtime,) = find(objects, "TrainingRuntime")
+    (trainjob,) = find(objects, "TrainJob")
+    assert crd_errors(runtime) == [] and crd_errors(trainjob) == []
+    # Trainer creates the PodGroup (all pods) in the queue its runtime names.
+    assert runtime["spec"]["podGroupPolicy"] == {"volcano": {}}
+    assert runtime["spec"]["template"]["metadata"]["annotations"] == {"scheduling.volcano.sh/queue-name": "research"}
+    template = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert template["spec"]["schedulerName"] == "volcano"
+    assert template["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == trainjob["metadata"]["name"]
+    assert "kueue.x-k8s.io/queue-name" not in trainjob["metadata"]["labels"]
+
+
+def test_pytorchjob_admitted_by_kueue():
+    (job,) = find(render({"training": {"enabled": True, "scheduling": {"kueue": {"queueName": "team-ml"}}}}),
+                  "PyTorchJob")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml" and crd_errors(job) == []
+    assert "schedulingPolicy" not in job["spec"]["runPolicy"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    assert "schedulerName" not in pod["spec"] and "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]
+
+
 def test_pytorchjob_without_uploader_neither_restores_nor_waits_for_uploads():
     (job,) = find(render({"training": {"enabled": True, "uploader": {"enabled": False}}}), "PyTorchJob")
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
@@ -392,8 +505,17 @@ def test_monitor_selectors_match_the_pods_and_ports_they_scrape():
     trainer_monitor = find(objects, "PodMonitor", "lmforge-trainer")[0]["spec"]
     uploader_monitor = find(objects, "PodMonitor", "lmforge-uploader")[0]["spec"]
     assert _selects(trainer_monitor["selector"], master["metadata"]["labels"])
-    assert not _selects(trainer_monitor["selector"], worker["metadata"]["labels"])
     assert _selects(uploader_monitor["selector"], master["metadata"]["labels"])
+    # Of the trainer pods, only global rank 0's target is kept: the Master's, or the TrainJob's pod
+    # of completion index 0 (labels as the operator and the Job controller set them).
+    (runtime,) = find(list(rendered("trainjob-kueue")), "TrainingRuntime")
+    node = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert _selects(trainer_monitor["selector"], node["metadata"]["labels"])
+    pods = {"master": {**master["metadata"]["labels"], "training.kubeflow.org/replica-type": "master"},
+            "worker": {**worker["metadata"]["labels"], "training.kubeflow.org/replica-type": "worker"},
+            "node 0": {**node["metadata"]["labels"], "batch.kubernetes.io/job-completion-index": "0"},
+            "node 1": {**node["metadata"]["labels"], "batch.kubernetes.io/job-completion-index": "1"}}
+    assert {pod for pod, labels in pods.items() if _scraped(trainer_monitor, labels)} == {"master", "node 0"}
     master_ports = {p["name"]: p["containerPort"] for c in containers(master["spec"]) for p in c.get("ports", [])}
     assert master_ports["metrics"] == 9402 and master_ports["uploader-metrics"] == 9401
     assert trainer_monitor["podMetricsEndpoints"][0]["port"] == "metrics"
@@ -404,7 +526,9 @@ def test_monitor_selectors_match_the_pods_and_ports_they_scrape():
 
 def test_dataprep_indexed_workers_then_finalize_hook():
     jobs = {j["metadata"]["name"]: j for j in find(list(rendered("multi-node-gpu")), "Job")}
-    workers, finalize = jobs["lmforge-dataprep-workers"], jobs["lmforge-dataprep-finalize"]
+    # Named after the run: by default the output's last segment.
+    workers = jobs["lmforge-dataprep-cc-main-2024-22-workers"]
+    finalize = jobs["lmforge-dataprep-cc-main-2024-22-finalize"]
     spec = workers["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == 64 and spec["parallelism"] == 32
     assert spec["template"]["spec"]["restartPolicy"] == "Never" and spec["backoffLimitPerIndex"] == 2
@@ -439,6 +563,58 @@ def test_inference_probes_service_hpa_and_pdb(name):
     if name == "multi-node-gpu":
         assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "lmforge_inference_requests_waiting"
         assert server["resources"]["limits"]["nvidia.com/gpu"] == "1" and pdb["spec"]["minAvailable"] == "50%"
+
+
+@pytest.mark.parametrize("name", ["default", "multi-node-gpu", "cpu-only"])
+def test_inference_startup_probe_waits_for_the_model_load_before_liveness(name):
+    (deployment,) = find(list(rendered(name)), "Deployment")
+    server = container(deployment["spec"]["template"]["spec"], "inference")
+    startup = server["startupProbe"]
+    # The same endpoint as readiness (the model is loaded); liveness only starts after it.
+    assert startup["httpGet"] == server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # the default load timeout, 10 minutes
+
+
+@pytest.mark.parametrize("timeout, period", [(600, 10), (1800, 7), (45, 60), (1, 1)])
+def test_inference_startup_budget_covers_the_configured_load_timeout(timeout, period):
+    objects = render({"inference": {"startupProbe": {"loadTimeoutSeconds": timeout, "periodSeconds": period,
+                                                     "timeoutSeconds": 3}}})
+    (deployment,) = find(objects, "Deployment")
+    startup = container(deployment["spec"]["template"]["spec"], "inference")["startupProbe"]
+    assert startup["periodSeconds"] == period and startup["timeoutSeconds"] == 3
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    assert timeout <= budget < timeout + period  # the load timeout, rounded up to a whole period
+    kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+
+
+def test_inference_replicas_spread_over_zones_and_nodes_by_default():
+    (deployment,) = find(list(rendered("multi-node-gpu")), "Deployment")
+    pod = deployment["spec"]["template"]
+    constraints = pod["spec"]["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in constraints] == ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]
+    for c in constraints:
+        assert c["whenUnsatisfiable"] == "ScheduleAnyway" and c["maxSkew"] == 1
+        assert c["labelSelector"] == deployment["spec"]["selector"]  # this release's inference pods
+        assert _selects(c["labelSelector"], pod["metadata"]["labels"])
+        assert c["matchLabelKeys"] == ["pod-template-hash"]  # a rolling update spreads the new revision too
+
+
+def test_inference_topology_spread_is_configurable():
+    def constraints(spread: dict) -> list[dict] | None:
+        (deployment,) = find(render({"inference": {"topologySpread": spread}}), "Deployment")
+        kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+        return deployment["spec"]["template"]["spec"].get("topologySpreadConstraints")
+
+    strict = constraints({"whenUnsatisfiable": "DoNotSchedule", "maxSkew": 2,
+                          "topologyKeys": ["kubernetes.io/hostname"]})
+    assert [(c["topologyKey"], c["maxSkew"], c["whenUnsatisfiable"]) for c in strict] \
+        == [("kubernetes.io/hostname", 2, "DoNotSchedule")]
+    own = [{"topologyKey": "example.com/rack", "maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "inference"}}}]
+    assert constraints({"constraints": own}) == own
+    assert constraints({"enabled": False}) is None
+    with pytest.raises(HelmValuesError, match="/inference/topologySpread/whenUnsatisfiable"):
+        render({"inference": {"topologySpread": {"whenUnsatisfiable": "Sometimes"}}})
 
 
 def test_canary_cronjob_daily_forbid_with_the_eval_set_mounted():
@@ -484,4 +660,4 @@ def test_notes_tell_how_to_reach_the_api_grafana_logs_and_the_canary():
     assert "grafana_dashboard=1" in notes
     assert "| jq" in notes and "kubectl -n ml logs" in notes
     assert "LmforgeCanaryRegression" in notes and "cronjob/lmforge-canary" in notes
-    assert "PyTorchJob lmforge-trainer" in notes
+    assert "PyTorchJob lmforge-train-cc-1p3b-v1" in notes

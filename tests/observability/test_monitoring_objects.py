@@ -29,7 +29,11 @@ def test_monitors_validate_and_carry_the_contract_job_names():
     (ready,) = [r for r in inference["spec"]["endpoints"][0]["relabelings"] if r.get("action") == "keep"]
     assert "__meta_kubernetes_endpoint_ready" in ready["sourceLabels"]  # not-ready pods are not targets
     trainer = find(objects, "PodMonitor", "lmforge-trainer")[0]
-    assert trainer["spec"]["selector"]["matchLabels"]["training.kubeflow.org/job-role"] == "master"
+    # Only global rank 0 serves metrics: the PyTorchJob's Master or the TrainJob's completion index 0.
+    (rank0,) = [r for r in trainer["spec"]["podMetricsEndpoints"][0]["relabelings"] if r.get("action") == "keep"]
+    assert rank0["sourceLabels"] == ["__meta_kubernetes_pod_label_training_kubeflow_org_job_role",
+                                     "__meta_kubernetes_pod_label_batch_kubernetes_io_job_completion_index"]
+    assert rank0["regex"] == "master;.*|;0"
 
 
 def test_a_broken_monitor_is_caught_by_the_crd_schema():

@@ -8,7 +8,7 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from lmforge_pipelines import compile as compile_module
-from lmforge_pipelines.images import DATAPREP_IMAGE, TRAINER_IMAGE, image
+from lmforge_pipelines.images import DATAPREP_IMAGE, IMAGE_REGISTRY, IMAGE_TAG, TRAINER_IMAGE, image
 
 DATA_UI = {"crawl": ("STRING", "sample"), "shards": ("NUMBER_INTEGER", 2), "languages": ("STRING", "en"),
            "workers": ("NUMBER_INTEGER", 2), "output": ("STRING", "s3://lmforge/datasets/sample"),
@@ -16,9 +16,12 @@ DATA_UI = {"crawl": ("STRING", "sample"), "shards": ("NUMBER_INTEGER", 2), "lang
 TRAIN_UI = {"data": ("STRING", "s3://lmforge/datasets/sample"), "model_preset": ("STRING", "tiny"),
             "steps": ("NUMBER_INTEGER", 1000), "nodes": ("NUMBER_INTEGER", 1), "gpus_per_node": ("NUMBER_INTEGER", 1),
             "launcher": ("STRING", "pytorchjob"), "namespace": ("STRING", "lmforge"),
-            "image": ("STRING", TRAINER_IMAGE),
+            "release": ("STRING", "lmforge"),
+            "chart_values": ("STRUCT", {"image": {"registry": IMAGE_REGISTRY, "tag": IMAGE_TAG}}),
             "checkpoint_store": ("STRING", "s3://lmforge/runs"), "rollout": ("BOOLEAN", False),
-            "deployment": ("STRING", "lmforge-inference"), "train_config": ("STRUCT", {})}
+            "deployment": ("STRING", "lmforge-inference"), "train_config": ("STRUCT", {}),
+            "model_pointer": ("STRING", "s3://lmforge/models/current"),
+            "canary_cronjob": ("STRING", "lmforge-canary"), "rollback_on_canary_failure": ("BOOLEAN", True)}
 
 
 @pytest.fixture(scope="module")

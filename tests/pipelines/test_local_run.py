@@ -3,7 +3,7 @@ environment (SubprocessRunner(use_venv=False)), with the local torchrun launcher
 
 kfp.local checks the pipelines' plumbing (ParallelFor fan-out, dsl.Collected, artifacts, the
 rollout condition), not Kubernetes: resources, retries and images are ignored there
-(ANCHORS, "what to avoid" 5). The PyTorchJob launcher is tested against a fake API in
+(ANCHORS, "what to avoid" 5). The Kubernetes launcher (PyTorchJob, TrainJob) is tested against a fake API in
 test_launcher.py; the object-store path of the steps is tested against a loopback S3 below.
 """
 

@@ -81,17 +81,6 @@ def test_fetch_sample_records_the_inputs_and_is_idempotent(tmp_path):
         steps.read_inputs(str(tmp_path / "elsewhere"))
 
 
-def test_kubernetes_settings_from_the_ui_keep_integer_fields_integers():
-    from lmforge_pipelines.launcher import TrainingJob, pytorchjob_manifest
-    from tests.helm_chart import crd_errors
-
-    pod = steps._integral({"uploader_grace_seconds": 120.0, "backoff_limit": 5.0, "namespace": "ml"})
-    job = TrainingJob(run="r", overrides=[], checkpoint_store="s3://b/runs")
-    body = pytorchjob_manifest(job, steps.PodSettings.from_dict(pod))
-    assert body["spec"]["runPolicy"]["backoffLimit"] == 5 and crd_errors(body) == []
-    assert body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["terminationGracePeriodSeconds"] == 150
-
-
 def test_fetch_sample_into_the_object_store(s3, monkeypatch):
     _, make_bucket = s3
     client = make_bucket("pipelines-fetch")

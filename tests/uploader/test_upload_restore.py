@@ -4,12 +4,22 @@ manifest last, come back byte-identical, and the store keeps the last K plus the
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 
 import pytest
 
 from lmforge.common.checkpoint_layout import COMMIT_MARKER, UPLOADED_MARKER, committed_steps, step_dir
 from lmforge.common.storage import sha256_file
-from tests.uploader.helpers import fake_checkpoint, files_of, in_process_uploader, run_uploader, small_parts
+from tests.uploader.helpers import (
+    fake_checkpoint,
+    files_of,
+    in_process_uploader,
+    run_uploader,
+    small_parts,
+    uploader_command,
+)
 
 
 def manifest_steps(client, bucket: str, prefix: str) -> list[int]:
@@ -211,3 +221,37 @@ def test_a_late_sidecar_uploads_the_newest_k_and_the_best(s3, tmp_path):
     assert uploader.run_once() == [1, 4, 5]
     uploader.close()
     assert manifest_steps(client, "ckpt-late", "r/") == [1, 4, 5]
+
+
+def test_on_a_shared_volume_only_node_rank_0_restores_and_uploads(s3, tmp_path):
+    """Every pod of a TrainJob carries the restore and uploader containers (one pod template);
+    on the volume they share, ranks other than 0 leave both jobs to rank 0."""
+    _, make_bucket = s3
+    client = make_bucket("ckpt-ranks")
+    source = tmp_path / "source"
+    fake_checkpoint(source, 3, sizes=(1000,))
+    uploader = in_process_uploader(source, "s3://ckpt-ranks/runs/r")
+    assert uploader.run_once() == [3]
+    uploader.close()
+
+    volume = tmp_path / "volume"
+    result = run_uploader("restore", "--src", "s3://ckpt-ranks/runs/r", "--dir", str(volume), "--node-rank", "1")
+    assert result.returncode == 0, result.stderr
+    assert '"standing_by"' in result.stdout and committed_steps(volume) == []
+    result = run_uploader("restore", "--src", "s3://ckpt-ranks/runs/r", "--dir", str(volume), "--node-rank", "0")
+    assert result.returncode == 0, result.stderr
+    assert committed_steps(volume) == [3]
+
+    fake_checkpoint(volume, 5, sizes=(1000,))  # committed by the trainers: rank 1's watch leaves it alone
+    watch = subprocess.Popen(uploader_command("watch", "--dir", str(volume), "--dest", "s3://ckpt-ranks/runs/r",
+                                              "--node-rank", "1", *small_parts()),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(3)
+        assert watch.poll() is None, "a native sidecar that exits is restarted: it must stand by"
+        assert manifest_steps(client, "ckpt-ranks", "runs/r/") == [3]
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        output, _ = watch.communicate(timeout=30)
+    assert watch.returncode == 0, output
+    assert '"standing_by"' in output

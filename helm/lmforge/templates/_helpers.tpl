@@ -1,11 +1,88 @@
-{{/* The release-scoped name of a component: <release>-<component>, cut to 63 characters. */}}
+{{/* The chart's name (nameOverride, default the chart name): the app.kubernetes.io/name label. */}}
 {{- define "lmforge.name" -}}
-{{- printf "%s-%s" .root.Release.Name .component | trunc 63 | trimSuffix "-" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The prefix of every object name: fullnameOverride; else, with nameOverride set, the
+     conventional <release>-<name> (just <release> when it already contains the name); else
+     <release> alone. Unlike the usual helper, no override keeps plain <release>: every object
+     name ends in its component (<release>-inference), so the chart name would only repeat, and
+     the names stay the ones earlier versions of the chart created. */}}
+{{- define "lmforge.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if and .Values.nameOverride (not (contains .Values.nameOverride .Release.Name)) -}}
+{{- printf "%s-%s" .Release.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name of a component's objects: <fullname>-<component>, at most 63 characters; a long
+     fullname is cut, never the component, so that components keep distinct names.
+     Arguments: dict "root" $ "component" "inference" */}}
+{{- define "lmforge.componentName" -}}
+{{- $prefix := include "lmforge.fullname" .root | trunc (int (sub 62 (len .component))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $prefix .component -}}
+{{- end -}}
+
+{{/* The name of one run's objects: <fullname>-<component>-<run> as a DNS label (the run lower
+     case, other characters turned into "-"), at most .max characters (default 63). A longer one
+     is cut and ends in 6 hex digits of the whole name's hash, so two runs never share a name.
+     Arguments: dict "root" $ "component" "dataprep" "run" RUN "max" 47 */}}
+{{- define "lmforge.runName" -}}
+{{- $max := int (.max | default 63) -}}
+{{- $name := printf "%s-%s-%s" (include "lmforge.fullname" .root) .component (include "lmforge.dnsLabel" .run) -}}
+{{- if le (len $name) $max -}}
+{{- $name -}}
+{{- else -}}
+{{- printf "%s-%s" (regexReplaceAll "-+$" ($name | trunc (int (sub $max 7))) "") (sha256sum $name | trunc 6) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A string as a DNS label's characters: lower case, runs of anything but [a-z0-9] as one "-",
+     no "-" at either end (not cut to a length). */}}
+{{- define "lmforge.dnsLabel" -}}
+{{- regexReplaceAll "[^a-z0-9]+" (lower (toString .)) "-" | trimAll "-" -}}
+{{- end -}}
+
+{{/* The name of a bundled dependency chart's objects (its own fullname helper's rule), for the
+     Services this chart points at: the section's fullnameOverride, else <release>-<name>, or
+     just <release> when it contains <name> (name = the section's nameOverride or the chart).
+     Arguments: dict "root" $ "chart" "prometheus-pushgateway" */}}
+{{- define "lmforge.dependencyFullname" -}}
+{{- $values := index .root.Values .chart | default dict -}}
+{{- $name := $values.nameOverride | default .chart -}}
+{{- if $values.fullnameOverride -}}
+{{- $values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains $name .root.Release.Name -}}
+{{- .root.Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .root.Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The data-prep run: dataprep.run, else the last segment of dataprep.output (the dataset's
+     name), as a DNS label of at most 40 characters; it is the lmforge.io/run label's value. */}}
+{{- define "lmforge.dataprepRun" -}}
+{{- $d := .Values.dataprep -}}
+{{- $run := $d.run | default (base (trimSuffix "/" $d.output)) -}}
+{{- include "lmforge.dnsLabel" $run | trunc 40 | trimSuffix "-" | required "dataprep.run: no run name (set dataprep.run)" -}}
+{{- end -}}
+
+{{/* A data-prep Job's name: <fullname>-dataprep-<run>-<role> (role: workers | finalize), named
+     per run so that an upgrade starting another run creates new Jobs instead of changing the
+     (immutable) template of the last run's. At most 56 characters: the workers' pods take the
+     host name <job>-<index>, a DNS label.
+     Arguments: dict "root" $ "role" "workers" */}}
+{{- define "lmforge.dataprepJobName" -}}
+{{- $run := include "lmforge.runName" (dict "root" .root "component" "dataprep" "run" (include "lmforge.dataprepRun" .root) "max" 47) -}}
+{{- printf "%s-%s" $run .role -}}
 {{- end -}}
 
 {{/* Labels every object carries. */}}
 {{- define "lmforge.labels" -}}
-app.kubernetes.io/name: lmforge
+app.kubernetes.io/name: {{ include "lmforge.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
@@ -15,7 +92,7 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 
 {{/* Labels a selector matches a component's pods by. */}}
 {{- define "lmforge.selectorLabels" -}}
-app.kubernetes.io/name: lmforge
+app.kubernetes.io/name: {{ include "lmforge.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
@@ -43,12 +120,35 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The workloads' ServiceAccount name. */}}
 {{- define "lmforge.serviceAccountName" -}}
-{{- .Values.serviceAccount.name | default (include "lmforge.name" (dict "root" . "component" "workloads")) -}}
+{{- .Values.serviceAccount.name | default (include "lmforge.componentName" (dict "root" . "component" "workloads")) -}}
 {{- end -}}
 
 {{/* The pipeline runner's ServiceAccount name. */}}
 {{- define "lmforge.pipelineRunnerName" -}}
-{{- .Values.pipelineRunner.name | default (include "lmforge.name" (dict "root" . "component" "pipeline-runner")) -}}
+{{- .Values.pipelineRunner.name | default (include "lmforge.componentName" (dict "root" . "component" "pipeline-runner")) -}}
+{{- end -}}
+
+{{/* topologySpreadConstraints of component .component from .section.topologySpread: the given
+     `constraints` as they are, else one per topologyKeys entry (maxSkew, whenUnsatisfiable),
+     counting the component's pods of the same Deployment revision (pod-template-hash), so a
+     rolling update spreads the new pods too. Nothing when disabled. */}}
+{{- define "lmforge.topologySpread" -}}
+{{- $spread := .section.topologySpread -}}
+{{- if $spread.enabled -}}
+{{- if $spread.constraints -}}
+{{ toYaml $spread.constraints }}
+{{- else -}}
+{{- range $spread.topologyKeys }}
+- topologyKey: {{ . }}
+  maxSkew: {{ int $spread.maxSkew }}
+  whenUnsatisfiable: {{ $spread.whenUnsatisfiable }}
+  labelSelector:
+    matchLabels:
+      {{- include "lmforge.selectorLabels" (dict "root" $.root "component" $.component) | nindent 6 }}
+  matchLabelKeys: [pod-template-hash]
+{{- end }}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Pod-level security context of every pod: runAsNonRoot always, the rest from values. */}}
@@ -180,7 +280,7 @@ priorityClassName: {{ . }}
 {{- if .Values.telemetry.pushgateway -}}
 {{- .Values.telemetry.pushgateway -}}
 {{- else if (index .Values "prometheus-pushgateway").enabled -}}
-{{- printf "http://%s-prometheus-pushgateway:9091" .Release.Name -}}
+{{- printf "http://%s:9091" (include "lmforge.dependencyFullname" (dict "root" . "chart" "prometheus-pushgateway")) -}}
 {{- end -}}
 {{- end -}}
 
@@ -189,7 +289,7 @@ priorityClassName: {{ . }}
 {{- if .Values.telemetry.otlpEndpoint -}}
 {{- .Values.telemetry.otlpEndpoint -}}
 {{- else if (index .Values "opentelemetry-collector").enabled -}}
-{{- printf "http://%s-opentelemetry-collector:4318" .Release.Name -}}
+{{- printf "http://%s:4318" (include "lmforge.dependencyFullname" (dict "root" . "chart" "opentelemetry-collector")) -}}
 {{- end -}}
 {{- end -}}
 

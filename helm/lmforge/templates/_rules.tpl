@@ -247,7 +247,7 @@ Conventions:
         runbook: >-
           Look at the trainer pods' last log lines and lmforge_train_data_wait_seconds: a data wait
           means the shard store or prefetch is stuck; no log on one rank means a hung collective (NCCL)
-          on one node: delete the PyTorchJob's pods to restart from the last checkpoint.
+          on one node: delete the training job's pods to restart from the last checkpoint.
         {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeTrainingStalled") }}
     - alert: LmforgeTrainingLossSpike
       expr: lmforge_train_loss > {{ $t.lossSpike.factor }} * lmforge:train_loss:avg_30m

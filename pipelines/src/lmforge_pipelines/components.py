@@ -77,20 +77,21 @@ def finalize_data(output: str, workers_done: list[str], processes: int, dataset:
 @dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
 def train_model(run_name: str, job_id: str, data: str, model_preset: str, steps: int, nodes: int,
                 gpus_per_node: int, parallel_mode: str, train_config: dict, launcher: str, checkpoint_store: str,
-                namespace: str, image: str, kubernetes: dict,
+                namespace: str, release: str, chart_values: dict,
                 timeout_hours: float) -> NamedTuple("Outputs", [("run", str), ("run_uri", str), ("step", int)]):
-    """Launch the training run (a PyTorchJob, or torchrun with launcher "local"), wait for it, and
-    fail with the tail of the trainer's log when it fails."""
+    """Launch the training run (a PyTorchJob or TrainJob rendered from the lmforge chart, or
+    torchrun with launcher "local"), wait for it, and fail with the tail of the trainer's log
+    when it fails."""
     from collections import namedtuple
 
     from lmforge_pipelines import steps as s
 
-    s.install_sigterm_handler()  # a stopped pipeline run deletes its PyTorchJob
+    s.install_sigterm_handler()  # a stopped pipeline run deletes its training job
     run = s.run_name(run_name, job_id)
-    pod = {**kubernetes, "namespace": namespace, "image": image}
     result = s.train(run=run, data=data, model_preset=model_preset, steps=steps, nodes=nodes,
                      gpus_per_node=gpus_per_node, parallel_mode=parallel_mode, train_config=train_config,
-                     launcher=launcher, checkpoint_store=checkpoint_store, timeout_hours=timeout_hours, pod=pod)
+                     launcher=launcher, checkpoint_store=checkpoint_store, timeout_hours=timeout_hours,
+                     namespace=namespace, release=release, chart_values=chart_values)
     return namedtuple("Outputs", ["run", "run_uri", "step"])(run, result.run_uri, result.step)
 
 
@@ -122,10 +123,14 @@ def evaluate_model(model_uri: str, data: str, max_sequences: int, seq_len: int, 
 
 
 @dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
-def rollout_model(model_uri: str, val_loss: float, max_val_loss: float, launcher: str, namespace: str,
-                  deployment: str, timeout_minutes: float) -> str:
-    """Roll the inference Deployment to the new package (refused above max_val_loss when > 0)."""
+def rollout_model(model_uri: str, val_loss: float, max_val_loss: float, launcher: str, model_pointer: str,
+                  namespace: str, deployment: str, canary_cronjob: str, rollback_on_canary_failure: bool,
+                  timeout_minutes: float, job_id: str) -> str:
+    """Point the inference service's model pointer at the new package (refused above max_val_loss
+    when > 0), wait until every replica serves it, run the canary; roll back if it fails."""
     from lmforge_pipelines import steps
 
-    return steps.rollout(model_uri=model_uri, namespace=namespace, deployment=deployment, launcher=launcher,
-                         val_loss=val_loss, max_val_loss=max_val_loss, timeout_s=timeout_minutes * 60)
+    return steps.rollout(model_uri=model_uri, model_pointer=model_pointer, namespace=namespace,
+                         deployment=deployment, launcher=launcher, val_loss=val_loss, max_val_loss=max_val_loss,
+                         canary_cronjob=canary_cronjob, rollback_on_canary_failure=rollback_on_canary_failure,
+                         timeout_s=timeout_minutes * 60, set_by=f"lmforge-train pipeline run {job_id}")

@@ -1,10 +1,12 @@
 """The lmforge images the pipeline steps run in (on KFP; kfp.local runs them in this environment).
 
 Each step runs in the image of the service it calls: data-prep steps in lmforge/dataprep, the
-training, export, evaluation and rollout steps in lmforge/trainer. Those images must also carry
-this package (`pip install ./pipelines`: the step code and kfp itself, which the components do
-not install at run time) and, for the trainer image, lmforge-uploader (the export step restores
-a checkpoint from the object store with `lmforge-uploader restore`).
+training, export, evaluation and rollout steps in lmforge/trainer. Those images carry this
+package and kfp itself, which the components do not install at run time (docker/wheelhouse.py:
+lmforge-pipelines[data] and [train]); the trainer image also lmforge-uploader (the export step
+restores a checkpoint from the object store with `lmforge-uploader restore`), the Helm SDK and the
+chart (LMFORGE_CHART_DIR) for the training job. tests/images/test_pipeline_steps.py runs every
+component in its image.
 
 The registry and tag are read when the pipelines are compiled: LMFORGE_IMAGE_REGISTRY
 (e.g. ghcr.io/my-org, default none) and LMFORGE_IMAGE_TAG (default the chart's appVersion).

@@ -1,16 +1,17 @@
 """Launch a training run and wait for it: one small interface, one implementation per backend.
 
-    launcher = make_launcher("pytorchjob", pod=PodSettings(namespace="ml"))  # Kubeflow Training v1
-    launcher = make_launcher("local")                                        # torchrun on this machine
+    launcher = make_launcher("trainjob", namespace="ml", values=release_values)  # Kubeflow Trainer v2
+    launcher = make_launcher("pytorchjob", namespace="ml")                      # Training Operator v1
+    launcher = make_launcher("local")                                            # torchrun on this machine
     result = launcher.run(job, timeout_s=72 * 3600)  # TrainingResult(run_uri, step); raises TrainingFailed
 
-`PyTorchJobLauncher` creates a kubeflow.org/v1 PyTorchJob shaped like the chart's
-(helm/lmforge/templates/trainer.yaml: a Master plus nodes-1 Workers, container `pytorch` running
-torchrun from the operator's PET_* variables, the restore init container and the checkpoint
-uploader sidecar), polls its status conditions until Succeeded or Failed under an explicit
-deadline, and on failure raises with the tail of the Master pod's log. A Kubeflow Trainer v2
-(TrainJob) launcher fits behind the same `run()`: the trainer container relies only on torchrun's
-PET_* / RANK / LOCAL_RANK / WORLD_SIZE, never on the operator's node-level variables.
+`KubernetesLauncher` renders the run's training job from the lmforge chart's own templates
+(helm/lmforge/templates/trainer.yaml, trainjob.yaml: the one definition of the trainer pod) with
+the release's values plus the run's settings, and submits it: a kubeflow.org/v1 PyTorchJob, or a
+trainer.kubeflow.org/v1alpha1 TrainingRuntime and then the TrainJob that runs on it (and owns it).
+It polls the job's status conditions until it succeeded or failed under an explicit deadline, and
+on failure raises with the tail of the node-rank-0 trainer's log. The trainer container relies
+only on torchrun's PET_* / RANK / LOCAL_RANK / WORLD_SIZE, which both operators provide.
 
 `LocalTorchrunLauncher` runs the same trainer command with torchrun on this machine (kfp.local,
 tests, laptops): RUN_DIR is CHECKPOINT_STORE/RUN and the checkpoints stay there.
@@ -19,8 +20,7 @@ tests, laptops): RUN_DIR is CHECKPOINT_STORE/RUN and the checkpoints stay there.
 from __future__ import annotations
 
 import collections
-import dataclasses
-import json
+import copy
 import os
 import re
 import signal
@@ -29,14 +29,11 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge_pipelines.images import image
-
-GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 RUN_ANNOTATION = "lmforge.io/run"
 MANIFEST = "MANIFEST.json"  # written last by the uploader: no manifest, no checkpoint (docs/design.md)
 LOG_TAIL_LINES = 80
@@ -44,7 +41,7 @@ _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
 class TrainingFailed(RuntimeError):
-    """The run failed; `log_tail` holds the last lines of the (Master) trainer's log."""
+    """The run failed; `log_tail` holds the last lines of the (node-rank-0) trainer's log."""
 
     def __init__(self, message: str, log_tail: str = ""):
         self.log_tail = log_tail
@@ -101,194 +98,114 @@ class TrainingLauncher(ABC):
 
 
 def make_launcher(kind: str, **kwargs) -> TrainingLauncher:
-    """`pytorchjob` (Kubeflow Training Operator v1) or `local` (torchrun here)."""
-    kinds: dict[str, Callable[..., TrainingLauncher]] = {
-        "pytorchjob": PyTorchJobLauncher.from_cluster, "local": LocalTorchrunLauncher}
-    if kind not in kinds:
-        raise ValueError(f"launcher {kind!r}: choose one of {sorted(kinds)}")
-    return kinds[kind](**kwargs)
+    """`pytorchjob` (Kubeflow Training Operator v1), `trainjob` (Kubeflow Trainer v2) or `local`
+    (torchrun here); `kwargs` go to KubernetesLauncher.from_cluster or LocalTorchrunLauncher."""
+    if kind in OPERATORS:
+        return KubernetesLauncher.from_cluster(OPERATORS[kind], **kwargs)
+    if kind == "local":
+        return LocalTorchrunLauncher(**kwargs)
+    raise ValueError(f"launcher {kind!r}: choose one of {sorted([*OPERATORS, 'local'])}")
 
 
-# ----------------------------------------------------------------------------- Kubernetes (v1)
+# ----------------------------------------------------------------------------- Kubernetes
 
-@dataclass(kw_only=True)
-class PodSettings:
-    """What the chart's values decide about the trainer pods (the defaults are the chart's)."""
-
-    namespace: str = "lmforge"
-    release: str = "lmforge"  # labels, and the default service account <release>-workloads
-    image: str = field(default_factory=lambda: image("trainer"))
-    uploader_image: str = field(default_factory=lambda: image("uploader"))
-    image_pull_policy: str = "IfNotPresent"
-    image_pull_secrets: list[str] = field(default_factory=list)
-    service_account: str = ""  # "" = <release>-workloads
-    log_level: str = "INFO"
-    s3_endpoint_url: str = ""
-    s3_region: str = ""
-    s3_credentials_secret: str = ""
-    s3_access_key_id_key: str = "AWS_ACCESS_KEY_ID"
-    s3_secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"  # noqa: S105 - a key name in the Secret
-    checkpoint_pvc: str = ""  # a ReadWriteMany claim at /checkpoints (required when nodes > 1)
-    gpu_resource: str = "nvidia.com/gpu"
-    port: int = 23456
-    metrics_port: int = 9402
-    uploader_metrics_port: int = 9401
-    uploader_grace_seconds: int = 300
-    restart_policy: str = "OnFailure"
-    backoff_limit: int = 3
-    resources: dict = field(default_factory=lambda: {"requests": {"cpu": "2", "memory": "8Gi"},
-                                                     "limits": {"cpu": "4", "memory": "16Gi"}})
-    uploader_resources: dict = field(default_factory=lambda: {"requests": {"cpu": "500m", "memory": "512Mi"},
-                                                              "limits": {"cpu": "2", "memory": "2Gi"}})
-    checkpoints_size_limit: str = "100Gi"
-    data_cache_size_limit: str = "200Gi"
-    shm_size: str = "8Gi"
-    tmp_size_limit: str = "10Gi"
-    node_selector: dict = field(default_factory=dict)
-    tolerations: list = field(default_factory=list)
-    run_as_user: int = 10001
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> PodSettings:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown Kubernetes setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
 
 
-def job_name(settings: PodSettings, run: str) -> str:
-    """<release>-train-<run> as a DNS label, cut to 50 characters (the operator appends
-    -worker-<index> to pod and Service names, which must stay within 63)."""
-    name = _DNS_LABEL.sub("-", f"{settings.release}-train-{run}".lower()).strip("-")
-    return name[:50].rstrip("-")
+@dataclass(frozen=True)
+class Operator:
+    """What the launcher needs to know of one Kubeflow training operator."""
+
+    name: str  # the chart's training.operator
+    job: Resource  # runs the pods and reports the outcome in its status conditions
+    prerequisites: tuple[Resource, ...]  # created before the job, and owned by it
+    succeeded: str  # the condition type of success (Failed is failure for both)
+    rank0_pods: str  # label selector of the node-rank-0 pod; {name} is the job's name
+    trainer_container: str
 
 
-def _env(s: PodSettings) -> list[dict]:
-    env = [{"name": "LMFORGE_LOG_LEVEL", "value": s.log_level}]
-    if s.s3_endpoint_url:
-        env.append({"name": "AWS_ENDPOINT_URL", "value": s.s3_endpoint_url})
-    if s.s3_region:
-        env.append({"name": "AWS_DEFAULT_REGION", "value": s.s3_region})
-    if s.s3_credentials_secret:
-        for name, key in (("AWS_ACCESS_KEY_ID", s.s3_access_key_id_key),
-                          ("AWS_SECRET_ACCESS_KEY", s.s3_secret_access_key_key)):
-            env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": s.s3_credentials_secret, "key": key}}})
-    return env
+PYTORCHJOB = Operator(
+    name="pytorchjob", job=Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"), prerequisites=(),
+    succeeded="Succeeded", rank0_pods="training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=master",
+    trainer_container="pytorch")
+TRAINJOB = Operator(
+    name="trainjob", job=Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"),
+    prerequisites=(Resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime"),),
+    succeeded="Complete",
+    # The JobSet is named after the TrainJob; node rank 0 is completion index 0 of its node Job.
+    rank0_pods="jobset.sigs.k8s.io/jobset-name={name},batch.kubernetes.io/job-completion-index=0",
+    trainer_container="node")
+OPERATORS = {operator.name: operator for operator in (PYTORCHJOB, TRAINJOB)}
+
+# training.* values the launcher sets from the run; the rest come from the release's values.
+LAUNCHER_VALUES = ("enabled", "operator", "run", "objectStore", "nodes", "nprocPerNode", "gpusPerProcess", "config")
+MANAGED_BY = "lmforge-pipelines"
 
 
-def _container_security() -> dict:
-    return {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]}}
+def chart_values(job: TrainingJob, operator: Operator, values: Mapping[str, Any] | None = None,
+                 chart: Path | None = None) -> dict[str, Any]:
+    """The release's chart `values` plus the run's training settings: what the chart renders the
+    run's job from. training.config becomes exactly the run's trainer config."""
+    from lmforge.common.config import cli_overrides
+    from lmforge_pipelines.chart import chart_defaults
+
+    merged = copy.deepcopy(dict(values or {}))
+    training = dict(merged.get("training") or {})
+    clash = sorted(set(training) & set(LAUNCHER_VALUES))
+    if clash:
+        raise ValueError(f"chart values training.{clash}: the launcher sets these from the run's parameters")
+    defaults = chart_defaults(chart)["training"]["config"]
+    merged["training"] = {**training, "enabled": True, "operator": operator.name, "run": job.run,
+                          "objectStore": job.checkpoint_store, "nodes": job.nodes,
+                          "nprocPerNode": job.nproc_per_node, "gpusPerProcess": job.gpus_per_process,
+                          "config": _replacing(defaults, cli_overrides(job.overrides))}
+    return merged
 
 
-def _labels(s: PodSettings, run: str) -> dict:
-    return {"app.kubernetes.io/name": "lmforge", "app.kubernetes.io/instance": s.release,
-            "app.kubernetes.io/component": "trainer", "app.kubernetes.io/managed-by": "lmforge-pipelines",
-            "lmforge.io/run": _DNS_LABEL.sub("-", run.lower())[:63].strip("-")}
+def _replacing(defaults: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """`new`, plus a null for every key of `defaults` it leaves out: Helm merges the values it is
+    given over the chart's defaults and drops the keys set to null."""
+    out = dict(new)
+    for key, default in defaults.items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(default, Mapping) and isinstance(new[key], Mapping):
+            out[key] = _replacing(default, new[key])
+    return out
 
 
-def _pod_template(job: TrainingJob, s: PodSettings, role: str) -> dict:
-    """The chart's lmforge.trainerPod, from parameters."""
-    checkpoint_dir = f"/checkpoints/{job.run}/checkpoints"
-    store = job.run_uri
-    gpus = job.gpus_per_process * job.nproc_per_node
-    uploader = not s.checkpoint_pvc or role == "master"  # on a shared claim the Master alone uploads
-    mounts = [{"name": "checkpoints", "mountPath": "/checkpoints"}, {"name": "tmp", "mountPath": "/tmp"}]
-    init_containers = []
-    if uploader:
-        common = {"image": s.uploader_image, "imagePullPolicy": s.image_pull_policy, "command": ["lmforge-uploader"],
-                  "env": _env(s), "resources": s.uploader_resources, "securityContext": _container_security(),
-                  "volumeMounts": mounts}
-        init_containers = [
-            {"name": "restore", **common, "args": ["restore", "--src", store, "--dir", checkpoint_dir]},
-            {"name": "uploader", **common, "restartPolicy": "Always",
-             "args": ["watch", "--dir", checkpoint_dir, "--dest", store, "--set",
-                      f"metrics_port={s.uploader_metrics_port}", "--set", f"grace_seconds={s.uploader_grace_seconds}"],
-             "ports": [{"name": "uploader-metrics", "containerPort": s.uploader_metrics_port, "protocol": "TCP"}],
-             # the sidecar's lease in the store is named after its pod (uploader/lease.py)
-             "env": [*_env(s), {"name": "LMFORGE_UPLOADER__IDENTITY",
-                                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
-        ]
-    resources = json.loads(json.dumps(s.resources))
-    if gpus:
-        for kind in ("limits", "requests"):
-            resources.setdefault(kind, {})[s.gpu_resource] = str(gpus)
-    trainer = {
-        "name": "pytorch",  # Kubeflow v1 finds the training container by this name
-        "image": s.image,
-        "imagePullPolicy": s.image_pull_policy,
-        "command": ["python", "-m", "torch.distributed.run"],
-        "args": ["-m", "lmforge.trainer", *job.overrides, f"run_dir=/checkpoints/{job.run}",
-                 "data.cache_dir=/cache/data", f"metrics.port={s.metrics_port}",
-                 f"device={'cuda' if gpus else 'cpu'}", "checkpoint.purge_requires_upload=true"],
-        "ports": [{"name": "pytorchjob-port", "containerPort": s.port, "protocol": "TCP"},
-                  {"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"}],
-        "env": [*_env(s), {"name": "HOME", "value": "/tmp"}],
-        "resources": resources,
-        "securityContext": _container_security(),
-        "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}, {"name": "cache", "mountPath": "/cache"},
-                         {"name": "shm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}],
-    }
-    checkpoints = ({"persistentVolumeClaim": {"claimName": s.checkpoint_pvc}} if s.checkpoint_pvc
-                   else {"emptyDir": {"sizeLimit": s.checkpoints_size_limit}})
-    spec: dict[str, Any] = {
-        "serviceAccountName": s.service_account or f"{s.release}-workloads",
-        "automountServiceAccountToken": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": s.run_as_user, "runAsGroup": s.run_as_user,
-                            "fsGroup": s.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
-    }
-    if s.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": name} for name in s.image_pull_secrets]
-    if s.node_selector:
-        spec["nodeSelector"] = s.node_selector
-    if s.tolerations:
-        spec["tolerations"] = s.tolerations
-    spec["terminationGracePeriodSeconds"] = s.uploader_grace_seconds + 30
-    if init_containers:
-        spec["initContainers"] = init_containers
-    spec["containers"] = [trainer]
-    spec["volumes"] = [
-        {"name": "checkpoints", **checkpoints},
-        {"name": "cache", "emptyDir": {"sizeLimit": s.data_cache_size_limit}},
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm_size}},
-        {"name": "tmp", "emptyDir": {"sizeLimit": s.tmp_size_limit}},
-    ]
-    labels = _labels(s, job.run)
-    if role == "master":
-        labels["training.kubeflow.org/job-role"] = "master"
-    return {"metadata": {"labels": labels}, "spec": spec}
+def training_objects(job: TrainingJob, operator: Operator, values: Mapping[str, Any] | None = None, *,
+                     release: str = "lmforge", namespace: str = "lmforge", chart: Path | None = None) -> list[dict]:
+    """The run's objects from the chart's training templates, in creation order: the operator's
+    prerequisites, then the job. Helm's hook annotations are dropped (the launcher, not Helm,
+    creates them), and they are labelled managed by lmforge-pipelines. A value the chart refuses
+    raises helm_python's HelmValuesError / HelmRenderError with the chart's message."""
+    from lmforge_pipelines.chart import render
+
+    rendered = render(chart_values(job, operator, values, chart), release=release, namespace=namespace, chart=chart)
+    objects = []
+    for resource in (*operator.prerequisites, operator.job):
+        found = [o for o in rendered if o["kind"] == resource.kind
+                 and (o["metadata"].get("annotations") or {}).get(RUN_ANNOTATION) == job.run]
+        if len(found) != 1:
+            raise RuntimeError(f"the chart rendered {len(found)} {resource.kind} objects for run {job.run!r}, not 1")
+        obj = found[0]
+        metadata = obj["metadata"]
+        metadata["annotations"] = {k: v for k, v in metadata["annotations"].items() if not k.startswith("helm.sh/")}
+        metadata["labels"]["app.kubernetes.io/managed-by"] = MANAGED_BY
+        objects.append(obj)
+    return objects
 
 
-def pytorchjob_manifest(job: TrainingJob, settings: PodSettings) -> dict:
-    """The kubeflow.org/v1 PyTorchJob for `job`, in the shape of the chart's trainer.yaml."""
-    if job.nodes > 1 and not settings.checkpoint_pvc:
-        raise ValueError(f"nodes is {job.nodes}: a multi-node run needs a ReadWriteMany checkpoint_pvc, because "
-                         "every rank writes its checkpoint shards into one shared directory")
-    if not job.checkpoint_store.startswith("s3://"):
-        raise ValueError(f"checkpoint_store {job.checkpoint_store!r}: the pods upload checkpoints to an s3:// prefix")
-    replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": settings.restart_policy,
-                                           "template": _pod_template(job, settings, "master")}}
-    if job.nodes > 1:
-        replicas["Worker"] = {"replicas": job.nodes - 1, "restartPolicy": settings.restart_policy,
-                              "template": _pod_template(job, settings, "worker")}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": {"name": job_name(settings, job.run), "namespace": settings.namespace,
-                     "labels": _labels(settings, job.run), "annotations": {RUN_ANNOTATION: job.run}},
-        "spec": {
-            "nprocPerNode": str(job.nproc_per_node),
-            "runPolicy": {"backoffLimit": settings.backoff_limit, "cleanPodPolicy": "Running"},
-            "pytorchReplicaSpecs": replicas,
-        },
-    }
-
-
-def terminal_condition(obj: dict) -> dict | None:
-    """The job's Succeeded or Failed condition when it has ended, else None."""
+def terminal_condition(obj: dict, succeeded: str = PYTORCHJOB.succeeded) -> dict | None:
+    """The job's success (`succeeded`) or Failed condition when it has ended, else None."""
     for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") in ("Succeeded", "Failed") and str(condition.get("status")) == "True":
+        if condition.get("type") in (succeeded, "Failed") and str(condition.get("status")) == "True":
             return condition
     return None
 
@@ -302,112 +219,146 @@ def _status_code(exc: BaseException) -> int | None:
     return getattr(exc, "status", None)
 
 
-class PyTorchJobLauncher(TrainingLauncher):
-    """Kubeflow Training Operator v1: create the PyTorchJob, poll its conditions, read the
-    Master's log on failure. `custom` is a CustomObjectsApi, `core` a CoreV1Api (or fakes)."""
+class KubernetesLauncher(TrainingLauncher):
+    """A Kubeflow training operator: create the run's objects rendered from the chart, poll the
+    job's conditions, read the node-rank-0 trainer's log on failure. `custom` is a
+    CustomObjectsApi, `core` a CoreV1Api (or fakes); `values` the release's chart values."""
 
-    def __init__(self, custom, core, pod: PodSettings | None = None, *, poll_s: float = 15.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 log: Callable[[str], None] | None = None, find_checkpoint: Callable[[str], int | None] | None = None):
-        self.custom, self.core = custom, core
-        self.pod = pod or PodSettings()
+    def __init__(self, operator: Operator, custom, core, *, values: Mapping[str, Any] | None = None,
+                 release: str = "lmforge", namespace: str = "lmforge", chart: Path | None = None,
+                 poll_s: float = 15.0, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, log: Callable[[str], None] | None = None,
+                 find_checkpoint: Callable[[str], int | None] | None = None):
+        self.operator, self.custom, self.core = operator, custom, core
+        self.values, self.release, self.namespace, self.chart = dict(values or {}), release, namespace, chart
         self.poll_s, self.clock, self.sleep = poll_s, clock, sleep
         self.log = log or (lambda line: print(line, flush=True))
         self.find_checkpoint = find_checkpoint or newest_remote_step
 
     @classmethod
-    def from_cluster(cls, pod: PodSettings | None = None, **kwargs) -> PyTorchJobLauncher:
+    def from_cluster(cls, operator: Operator, **kwargs) -> KubernetesLauncher:
         from kubernetes import client, config
 
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        return cls(client.CustomObjectsApi(), client.CoreV1Api(), pod, **kwargs)
+        return cls(operator, client.CustomObjectsApi(), client.CoreV1Api(), **kwargs)
+
+    @property
+    def kind(self) -> str:
+        return self.operator.job.kind
+
+    def objects(self, job: TrainingJob) -> list[dict]:
+        return training_objects(job, self.operator, self.values, release=self.release, namespace=self.namespace,
+                                chart=self.chart)
 
     def run(self, job: TrainingJob, *, timeout_s: float) -> TrainingResult:
-        body = pytorchjob_manifest(job, self.pod)
-        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        objects = self.objects(job)
+        name = objects[-1]["metadata"]["name"]
         deadline = self.clock() + timeout_s
-        self.launch(body)
+        self.launch(objects)
         try:
-            self.wait(name, namespace, deadline)
+            self.wait(name, deadline)
         except TrainingTimeout:
-            self.delete(name, namespace)
+            self.delete(objects)
             raise
         except (KeyboardInterrupt, SystemExit):  # the pipeline run was stopped: stop the job too
-            self.delete(name, namespace)
+            self.delete(objects)
             raise
         step = self.find_checkpoint(job.run_uri)
         if step is None:
-            raise TrainingFailed(f"PyTorchJob {namespace}/{name} succeeded, but {job.run_uri}/checkpoints holds no "
-                                 f"complete checkpoint ({MANIFEST})")
+            raise TrainingFailed(f"{self.kind} {self.namespace}/{name} succeeded, but {job.run_uri}/checkpoints holds "
+                                 f"no complete checkpoint ({MANIFEST})")
         return TrainingResult(job.run_uri, step)
 
-    def launch(self, body: dict) -> None:
-        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    def launch(self, objects: list[dict]) -> None:
+        """Create the prerequisites, then the job; then make the job their owner, so that they go
+        when it is deleted."""
+        *prerequisites, body = objects
+        for resource, obj in zip(self.operator.prerequisites, prerequisites, strict=True):
+            self._create(resource, obj)
+        created = self._create(self.operator.job, body)
+        owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": body["metadata"]["name"],
+                 "uid": (created.get("metadata") or {}).get("uid")}
+        for resource, obj in zip(self.operator.prerequisites, prerequisites, strict=True):
+            try:
+                self.custom.patch_namespaced_custom_object(resource.group, resource.version, self.namespace,
+                                                           resource.plural, obj["metadata"]["name"],
+                                                           {"metadata": {"ownerReferences": [owner]}})
+            except Exception as exc:  # the run goes on; only the clean-up is left to whoever deletes the job
+                self.log(f"could not make {body['kind']} {body['metadata']['name']} the owner of {resource.kind} "
+                         f"{obj['metadata']['name']}: {exc}")
+
+    def _create(self, resource: Resource, body: dict) -> dict:
+        """Create `body`; when it exists already for the same run (a retried pipeline step), use
+        that one; when it exists for another run, fail."""
+        name = body["metadata"]["name"]
         try:
-            self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-            self.log(f"created PyTorchJob {namespace}/{name}")
+            created = self.custom.create_namespaced_custom_object(resource.group, resource.version, self.namespace,
+                                                                  resource.plural, body)
+            self.log(f"created {resource.kind} {self.namespace}/{name}")
+            return created
         except Exception as exc:
             if _status_code(exc) != 409:
                 raise
-            # A retried pipeline step finds its own job: wait for it instead of starting another.
-            existing = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            existing = self.custom.get_namespaced_custom_object(resource.group, resource.version, self.namespace,
+                                                                resource.plural, name)
             run = ((existing.get("metadata") or {}).get("annotations") or {}).get(RUN_ANNOTATION)
             if run != body["metadata"]["annotations"][RUN_ANNOTATION]:
-                raise TrainingFailed(f"PyTorchJob {namespace}/{name} already exists for another run ({run!r})") from exc
-            self.log(f"PyTorchJob {namespace}/{name} already exists for this run: waiting for it")
+                raise TrainingFailed(f"{resource.kind} {self.namespace}/{name} already exists for another run "
+                                     f"({run!r})") from exc
+            self.log(f"{resource.kind} {self.namespace}/{name} already exists for this run: using it")
+            return existing
 
-    def wait(self, name: str, namespace: str, deadline: float) -> dict:
-        """Poll until Succeeded (returns the object) or Failed (raises with the log tail)."""
-        shown, api_errors = None, 0
+    def wait(self, name: str, deadline: float) -> dict:
+        """Poll until the job succeeded (returns it) or failed (raises with the log tail)."""
+        job, namespace, what = self.operator.job, self.namespace, f"{self.kind} {self.namespace}/{name}"
+        shown = None
         while True:
             try:
-                obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-                api_errors = 0
+                obj = self.custom.get_namespaced_custom_object(job.group, job.version, namespace, job.plural, name)
             except Exception as exc:
                 code = _status_code(exc)
                 if code == 404:
-                    raise TrainingFailed(f"PyTorchJob {namespace}/{name} disappeared (deleted?)") from exc
+                    raise TrainingFailed(f"{what} disappeared (deleted?)") from exc
                 if code is not None and code < 500:
                     raise
-                api_errors += 1  # an API server hiccup: keep polling until the deadline
-                self.log(f"polling PyTorchJob {namespace}/{name} failed ({exc}); retrying")
+                self.log(f"polling {what} failed ({exc}); retrying")  # an API server hiccup: keep polling
                 obj = None
             if obj is not None:
                 state = _latest_condition(obj)
                 if state != shown:
-                    self.log(f"PyTorchJob {namespace}/{name}: {state}")
+                    self.log(f"{what}: {state}")
                     shown = state
-                ended = terminal_condition(obj)
-                if ended and ended["type"] == "Succeeded":
+                ended = terminal_condition(obj, self.operator.succeeded)
+                if ended and ended["type"] == self.operator.succeeded:
                     return obj
                 if ended:
                     why = f"{ended.get('reason', '')}: {ended.get('message', '')}".strip(": ")
-                    raise TrainingFailed(f"PyTorchJob {namespace}/{name} failed: {why or 'no reason given'}",
-                                         self.master_log_tail(name, namespace))
+                    raise TrainingFailed(f"{what} failed: {why or 'no reason given'}", self.rank0_log_tail(name))
             remaining = deadline - self.clock()
             if remaining <= 0:
-                raise TrainingTimeout(f"PyTorchJob {namespace}/{name} did not finish in time (last state: {shown}); "
-                                      "it has been deleted", self.master_log_tail(name, namespace))
+                raise TrainingTimeout(f"{what} did not finish in time (last state: {shown}); it has been deleted",
+                                      self.rank0_log_tail(name))
             self.sleep(min(self.poll_s, remaining))
 
-    def master_log_tail(self, name: str, namespace: str, lines: int = LOG_TAIL_LINES) -> str:
-        """The last lines of the Master pod's `pytorch` container (its previous instance when
+    def rank0_log_tail(self, name: str, lines: int = LOG_TAIL_LINES) -> str:
+        """The last lines of the node-rank-0 pod's trainer container (its previous instance when
         the current one has no log yet), or a note saying why there are none."""
         try:
-            selector = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=master"
-            pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
+            pods = self.core.list_namespaced_pod(self.namespace,
+                                                 label_selector=self.operator.rank0_pods.format(name=name))
             items = pods["items"] if isinstance(pods, dict) else pods.items
             if not items:
-                return "(no Master pod found)"
+                return "(no node-rank-0 pod found)"
             pod = items[0]
             pod_name = pod["metadata"]["name"] if isinstance(pod, dict) else pod.metadata.name
             text = ""
             for previous in (False, True):
                 try:
-                    text = self.core.read_namespaced_pod_log(pod_name, namespace, container="pytorch",
+                    text = self.core.read_namespaced_pod_log(pod_name, self.namespace,
+                                                             container=self.operator.trainer_container,
                                                              tail_lines=lines, previous=previous)
                 except Exception:
                     if previous:
@@ -416,15 +367,20 @@ class PyTorchJobLauncher(TrainingLauncher):
                     break
             return text.rstrip() or f"(pod {pod_name}: empty log)"
         except Exception as exc:
-            return f"(could not read the Master pod's log: {exc})"
+            return f"(could not read the node-rank-0 pod's log: {exc})"
 
-    def delete(self, name: str, namespace: str) -> None:
-        try:
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                        propagation_policy="Background")
-            self.log(f"deleted PyTorchJob {namespace}/{name}")
-        except Exception as exc:
-            self.log(f"could not delete PyTorchJob {namespace}/{name}: {exc}")
+    def delete(self, objects: list[dict]) -> None:
+        """Delete the job, then its prerequisites (their owner reference may not have been set)."""
+        resources = (*self.operator.prerequisites, self.operator.job)
+        for resource, obj in reversed(list(zip(resources, objects, strict=True))):
+            name = obj["metadata"]["name"]
+            try:
+                self.custom.delete_namespaced_custom_object(resource.group, resource.version, self.namespace,
+                                                            resource.plural, name, propagation_policy="Background")
+                self.log(f"deleted {resource.kind} {self.namespace}/{name}")
+            except Exception as exc:
+                if _status_code(exc) != 404:
+                    self.log(f"could not delete {resource.kind} {self.namespace}/{name}: {exc}")
 
 
 def newest_remote_step(run_uri: str) -> int | None:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from lmforge_pipelines.launcher import PodSettings, TrainingJob, TrainingResult, make_launcher
+from lmforge_pipelines.launcher import TrainingJob, TrainingResult, make_launcher
 
 SAMPLE_CRAWL = "sample"  # crawl="sample": generate synthetic WET files instead of downloading
 WET_DIR = "wet"  # the inputs, under the data-prep output
@@ -253,9 +253,11 @@ def trainer_overrides(*, data: str, model_preset: str, steps: int, parallel_mode
 
 def train(*, run: str, data: str, model_preset: str, steps: int, nodes: int, gpus_per_node: int,
           parallel_mode: str, train_config: Mapping[str, Any] | None, launcher: str, checkpoint_store: str,
-          timeout_hours: float, pod: Mapping[str, Any] | None = None) -> TrainingResult:
-    """Launch the run (PyTorchJob or local torchrun), wait for it, return where its final
-    checkpoint is. gpus_per_node=0 trains on CPU with one process per node."""
+          timeout_hours: float, namespace: str = "lmforge", release: str = "lmforge",
+          chart_values: Mapping[str, Any] | None = None) -> TrainingResult:
+    """Launch the run (a PyTorchJob or TrainJob rendered from the chart of `release` with its
+    `chart_values`, or local torchrun), wait for it, return where its final checkpoint is.
+    gpus_per_node=0 trains on CPU with one process per node."""
     if nodes < 1 or gpus_per_node < 0:
         raise StepError(f"nodes must be ≥ 1 and gpus_per_node ≥ 0 (got {nodes} × {gpus_per_node})")
     if timeout_hours <= 0:
@@ -266,7 +268,8 @@ def train(*, run: str, data: str, model_preset: str, steps: int, nodes: int, gpu
                       nproc_per_node=max(gpus_per_node, 1), gpus_per_process=1 if gpus_per_node else 0,
                       overrides=trainer_overrides(data=data, model_preset=model_preset, steps=steps,
                                                   parallel_mode=parallel_mode, train_config=train_config))
-    kwargs = {"pod": PodSettings.from_dict(_integral(dict(pod or {})))} if launcher == "pytorchjob" else {}
+    kwargs = {} if launcher == "local" else {"namespace": namespace, "release": release,
+                                              "values": _integral(dict(chart_values or {}))}
     return make_launcher(launcher, **kwargs).run(job, timeout_s=timeout_hours * 3600)
 
 
@@ -347,21 +350,37 @@ def evaluate(*, model_uri: str, data: str, max_sequences: int = 256, batch_size:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def rollout(*, model_uri: str, namespace: str, deployment: str, launcher: str, val_loss: float,
-            max_val_loss: float = 0.0, timeout_s: float = 1800.0) -> str:
-    """Point the inference Deployment at the new package and wait for the rollout. Refuses a
-    model whose val loss exceeds max_val_loss (0: no gate). With the local launcher there is no
-    Deployment: the step says so and does nothing."""
+def rollout(*, model_uri: str, model_pointer: str, namespace: str, deployment: str, launcher: str,
+            val_loss: float, max_val_loss: float = 0.0, canary_cronjob: str = "",
+            rollback_on_canary_failure: bool = True, timeout_s: float = 1800.0, set_by: str = "lmforge-train") -> str:
+    """Point `model_pointer` at the new package (verified first), wait until every ready replica
+    of the inference Deployment serves it, then run a Job from `canary_cronjob` ("" = none); a
+    failed canary points it back (rollback_on_canary_failure) and fails the step. Refuses a model
+    whose val loss exceeds max_val_loss (0: no gate). With the local launcher there is no
+    Deployment: only the pointer is written."""
     if max_val_loss > 0 and val_loss > max_val_loss:
         raise StepError(f"val loss {val_loss:.4f} > max_val_loss {max_val_loss}: not rolling out {model_uri}")
-    if launcher == "local":
-        message = f"local run: no inference Deployment to roll; serve it with `lmforge-serve --model {model_uri}`"
-        print(message, flush=True)
-        return message
-    from lmforge_pipelines.rollout import apps_api, roll_deployment
+    from lmforge_pipelines.rollout import Cluster, RolloutFailed, roll_out
 
-    roll_deployment(apps_api(), namespace, deployment, model_uri, timeout_s=timeout_s)
-    return f"{namespace}/{deployment} serves {model_uri}"
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    try:
+        if launcher == "local":
+            roll_out(model_pointer, model_uri, set_by=set_by, log=log)
+            message = (f"local run: {model_pointer} names {model_uri}; no inference Deployment to wait for "
+                       f"(`lmforge-serve --model {model_pointer}` serves and follows it)")
+            print(message, flush=True)
+            return message
+        cluster = Cluster(namespace, deployment, log=log)
+        canary = None
+        if canary_cronjob:
+            def canary():
+                return cluster.run_canary(canary_cronjob, package=model_uri, timeout_s=timeout_s)
+        roll_out(model_pointer, model_uri, set_by=set_by, replicas=cluster.replica_urls, canary=canary,
+                 rollback_on_canary_failure=rollback_on_canary_failure, timeout_s=timeout_s, log=log)
+    except RolloutFailed as exc:
+        raise StepError(str(exc)) from exc
+    return (f"{model_pointer} names {model_uri}, served by every replica of {namespace}/{deployment}"
+            + (f"; the canary ({canary_cronjob}) passed" if canary_cronjob else ""))
 
 
 def install_sigterm_handler() -> None:

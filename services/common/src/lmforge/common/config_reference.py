@@ -61,8 +61,9 @@ SERVICES = [
             "transfer.concurrency=16"),
     Service("Inference", ("lmforge-serve",), "LMFORGE_SERVE", "lmforge.inference.config:ServeConfig",
             "`lmforge-serve` takes `--config FILE` and `--set {example}`; `--model`, `--host`, `--port` set "
-            "those fields. Helm: `inference.config` (the chart sets model, host, ports, the API keys file and "
-            "`api_docs`, from `inference.apiDocs`, off by default).",
+            "those fields. Helm: `inference.config` (the chart sets model, host, ports, `pointer_poll_seconds` "
+            "(`inference.pointerPollSeconds`), the API keys file and `api_docs`, from `inference.apiDocs`, off by "
+            "default).",
             "engine.max_running=16"),
     Service("Canary", ("lmforge-canary",), "LMFORGE_CANARY", "lmforge.canary.config:CanaryConfig",
             "`lmforge-canary run|make-baseline` take `--config FILE` and `--set {example}`. Helm: `canary.config`.",

@@ -1,10 +1,14 @@
 """The serving package `lmforge-train export` writes and inference loads (docs/design.md):
 
     model.safetensors   consolidated weights (the tied output head is not stored twice)
-    config.json         {"model": GPTConfig fields, "tokenizer_sha256", "step", "format_version"}
+    config.json         {"model": GPTConfig fields, "tokenizer_sha256", "step", "format_version",
+                         "files": {name: {"sha256", "bytes"}} of the other two files}
     tokenizer.json
 
-Weights are read with safetensors only: nothing is unpickled.
+Weights are read with safetensors only: nothing is unpickled. `verify_package` checks a
+package without loading it; `load_package` verifies and loads. Packages written before the
+`files` checksums load as before; `require_checksums` (what a model pointer's packages get)
+refuses them.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 from lmforge.common.errors import InputError, StorageError
 from lmforge.common.model import GPT, GPTConfig
-from lmforge.common.storage import S3Store, atomic_dir, chmod_as_plain_write, local_path_of, scheme_of
+from lmforge.common.storage import S3Store, atomic_dir, chmod_as_plain_write, local_path_of, scheme_of, sha256_file
 
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
@@ -42,17 +46,30 @@ def write_package(model: GPT, tokenizer: str | Path, output: str | Path, *, step
         chmod_as_plain_write(staging / WEIGHTS)  # safetensors makes it 0600: servers run as another user
         shutil.copyfile(tokenizer, staging / TOKENIZER)
         meta = {"format_version": FORMAT_VERSION, "model": model.config.model_dump(),
-                "tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(), "step": step}
+                "tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(), "step": step,
+                "files": file_checksums(staging)}
         (staging / CONFIG).write_text(json.dumps(meta, indent=1))
     return output
+
+
+def file_checksums(path: Path) -> dict[str, dict]:
+    """config.json's `files`: the sha256 and size of the weights and the tokenizer in `path`."""
+    return {name: {"sha256": sha256_file(path / name), "bytes": (path / name).stat().st_size}
+            for name in (WEIGHTS, TOKENIZER)}
+
+
+def download_dir(uri: str, cache_dir: str | Path) -> Path:
+    """Where fetch_package downloads the s3:// package `uri`: one folder per URI, so a new
+    version never reuses an old file."""
+    return Path(cache_dir) / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
 
 
 def fetch_package(uri: str, cache_dir: str | Path | None = None) -> Path:
     """A local directory holding the package at `uri` (a path, or s3://… downloaded to `cache_dir`)."""
     if scheme_of(uri) != "s3":
         return local_path_of(uri)
-    if cache_dir is not None:  # one folder per URI: a new version never reuses an old file
-        cache_dir = Path(cache_dir) / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+    if cache_dir is not None:
+        cache_dir = download_dir(uri, cache_dir)
     store = S3Store(uri, cache_dir)
     for name in (WEIGHTS, CONFIG, TOKENIZER):
         if not store.exists(name):
@@ -61,19 +78,47 @@ def fetch_package(uri: str, cache_dir: str | Path | None = None) -> Path:
     return local.parent
 
 
-def load_package(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
-    """The model (eval mode) and the package's config.json; checks the tokenizer hash."""
-    from safetensors.torch import load_file
-
+def verify_package(path: str | Path, *, require_checksums: bool = False) -> dict:
+    """The package's config.json, once the files are there, the format is known, the tokenizer
+    is the one the model was trained with and each file matches its `files` checksum (required
+    with `require_checksums`). Raises InputError naming what is wrong."""
     path = Path(path)
     for name in (WEIGHTS, CONFIG, TOKENIZER):
         if not (path / name).is_file():
             raise InputError(f"{path}: not a model package ({name} missing)")
-    meta = json.loads((path / CONFIG).read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise InputError(f"{path}: unsupported package format {meta.get('format_version')!r}")
-    if hashlib.sha256((path / TOKENIZER).read_bytes()).hexdigest() != meta["tokenizer_sha256"]:
+    try:
+        meta = json.loads((path / CONFIG).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path / CONFIG}: not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        raise InputError(f"{path}: unsupported package format {version!r}")
+    if hashlib.sha256((path / TOKENIZER).read_bytes()).hexdigest() != meta.get("tokenizer_sha256"):
         raise InputError(f"{path}: tokenizer.json does not match the hash the model was trained with")
+    files = meta.get("files")
+    if files is None:
+        if require_checksums:
+            raise InputError(f"{path}: config.json has no file checksums (a package exported before they were "
+                             f"recorded): export it again")
+        return meta
+    for name in (WEIGHTS, TOKENIZER):
+        expected = files.get(name) if isinstance(files, dict) else None
+        if not isinstance(expected, dict) or not {"sha256", "bytes"} <= set(expected):
+            raise InputError(f"{path / CONFIG}: no checksum of {name} in `files`")
+        if (path / name).stat().st_size != expected["bytes"]:
+            raise InputError(f"{path / name}: {(path / name).stat().st_size} bytes, config.json records "
+                             f"{expected['bytes']}")
+        if sha256_file(path / name) != expected["sha256"]:
+            raise InputError(f"{path / name}: sha256 does not match config.json (corrupt or replaced)")
+    return meta
+
+
+def load_package(path: str | Path, device: str = "cpu", *, require_checksums: bool = False) -> tuple[GPT, dict]:
+    """The model (eval mode) and the package's config.json, once `verify_package` passes."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    meta = verify_package(path, require_checksums=require_checksums)
     model = GPT(GPTConfig.model_validate(meta["model"]))
     state = load_file(str(path / WEIGHTS), device="cpu")
     missing, unexpected = model.load_state_dict(state, strict=False)

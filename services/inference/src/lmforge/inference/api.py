@@ -9,7 +9,11 @@ ready; anything unexpected is logged with its trace id and answered 500.
 
 A prompt with too many characters to fit the context is refused before it is tokenized, and
 long text is tokenized off the event loop: one large prompt never stalls the other clients or
-the probes."""
+the probes.
+
+Each request leases the model that is current when it starts and uses only it (its tokenizer,
+context length and engine) until its response ends, so a model swap (model_swap) never mixes
+two models in one answer."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from lmforge.inference.auth import ApiKeys
 from lmforge.inference.engine import QueueFull
 from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.schemas import Choice, Completion, CompletionRequest, Logprobs, Score, ScoreRequest, Usage
-from lmforge.inference.service import Delta, InferenceService, NotReady
+from lmforge.inference.service import Delta, InferenceService, Lease, NotReady, ServedModel
 from lmforge.inference.tracing import trace_id_of
 
 log = get_logger("inference")
@@ -90,6 +94,21 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+class LeasedStreamingResponse(StreamingResponse):
+    """A stream that returns its request's model lease when it ends, however it ends (a client
+    gone before the first byte included)."""
+
+    def __init__(self, content, lease: Lease, **kwargs):
+        super().__init__(content, **kwargs)
+        self.lease = lease
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.lease.release()
+
+
 class CountRequests:
     """lmforge_inference_requests_total{status} for every /v1/ request, whatever answered it (the
     outermost middleware, so the body limit's 413 counts too): an exception is a 500, a request
@@ -130,15 +149,16 @@ def create_app(service: InferenceService) -> FastAPI:
             raise ApiError(401, "a valid API key is required: Authorization: Bearer <key>",
                            "authentication_error", headers={"WWW-Authenticate": "Bearer"})
 
-    def ready_service(model: str | None) -> InferenceService:
+    def ready_model(model: str | None) -> ServedModel:
+        """The current model, if it is ready and `model` (when given) is its name."""
         try:
-            service.ensure_ready()
+            served = service.ensure_ready()
         except NotReady as exc:
             raise ApiError(503, str(exc), "service_unavailable", headers={"Retry-After": "5"}) from exc
         if model is not None and model != service.model_name:
             raise ApiError(404, f"model {model!r} not found; this server serves {service.model_name!r}",
                            "not_found_error", "model")
-        return service
+        return served
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -177,10 +197,11 @@ def create_app(service: InferenceService) -> FastAPI:
 
     @app.get("/readyz")
     def readyz():
-        reason = service.readiness()
+        served = service.model
+        reason = service.readiness(served)
         if reason is not None:
             return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
-        return {"status": "ready", "model": service.model_name}
+        return {"status": "ready", "model": service.model_name, "package": served.package}
 
     if config.metrics_port is None:
         @app.get("/metrics")
@@ -191,58 +212,74 @@ def create_app(service: InferenceService) -> FastAPI:
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     def models():
-        ready_service(None)
+        served = ready_model(None)
         return {"object": "list", "data": [{
-            "id": service.model_name, "object": "model", "created": service.created, "owned_by": "lmforge",
-            "root": config.model, "max_model_len": service.context_length}]}
+            "id": service.model_name, "object": "model", "created": int(served.loaded_at), "owned_by": "lmforge",
+            "root": served.package, "max_model_len": served.context_length}]}
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request):
-        ready_service(body.model)
+        lease = ready_model(body.model).lease()
+        streaming = False
+        try:
+            response = await _completion(lease, body, request)
+            streaming = isinstance(response, LeasedStreamingResponse)  # it returns the lease when it ends
+            return response
+        finally:
+            if not streaming:
+                lease.release()
+
+    async def _completion(lease: Lease, body: CompletionRequest, request: Request):
+        served = lease.model
         if body.max_tokens > config.max_tokens_limit:
             raise ApiError(422, f"max_tokens: at most {config.max_tokens_limit} (got {body.max_tokens})",
                            param="max_tokens")
-        room = service.context_length - body.max_tokens
-        if not service.codec.may_fit(body.prompt, room):
+        room = served.context_length - body.max_tokens
+        if not served.codec.may_fit(body.prompt, room):
             raise ApiError(400, f"prompt: {len(body.prompt)} characters make more than {max(room, 0)} tokens (a token "
-                                f"spans at most {service.codec.max_chars_per_token} characters), all that max_tokens "
-                                f"{body.max_tokens} leaves of the model's context of {service.context_length} tokens",
+                                f"spans at most {served.codec.max_chars_per_token} characters), all that max_tokens "
+                                f"{body.max_tokens} leaves of the model's context of {served.context_length} tokens",
                            param="prompt")
-        prompt_ids = await service.encode(body.prompt)
-        if len(prompt_ids) + body.max_tokens > service.context_length:
+        prompt_ids = await service.encode(served, body.prompt)
+        if len(prompt_ids) + body.max_tokens > served.context_length:
             raise ApiError(400, f"prompt: {len(prompt_ids)} prompt tokens + max_tokens {body.max_tokens} exceed "
-                                f"the model's context of {service.context_length} tokens", param="prompt")
+                                f"the model's context of {served.context_length} tokens", param="prompt")
         params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
                                 seed=body.seed, logprobs=body.logprobs)
         try:
-            handle = service.submit(prompt_ids, params)
+            handle = service.submit(served, prompt_ids, params)
         except QueueFull as exc:
             raise ApiError(429, f"server busy: {exc}; retry later", "rate_limit_error",
                            headers={"Retry-After": str(config.retry_after_seconds)}) from exc
+        except NotReady as exc:
+            raise ApiError(503, str(exc), "service_unavailable", headers={"Retry-After": "5"}) from exc
         span = trace.get_current_span()
         request_id = f"cmpl-{uuid.uuid4().hex[:24]}"
         started = time.monotonic()
         context = dict(request_id=request_id, trace_id=trace_id_of(span), prompt_tokens=len(prompt_ids),
                        max_tokens=body.max_tokens, stream=body.stream)
         if body.stream:
-            return StreamingResponse(_sse(service, body, handle, span, request_id, started, context),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _complete(service, body, handle, span, request, request_id, started, context)
+            return LeasedStreamingResponse(_sse(service, served, body, handle, span, request_id, started, context),
+                                           lease, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await _complete(service, served, body, handle, span, request, request_id, started, context)
 
     @app.post("/v1/score", dependencies=[Depends(authorize)])
     async def score(body: ScoreRequest):
-        ready_service(body.model)
-        if not service.codec.may_fit(body.text, service.context_length):
-            raise ApiError(400, f"text: {len(body.text)} characters make more than {service.context_length} tokens "
-                                f"(a token spans at most {service.codec.max_chars_per_token} characters); scoring "
-                                f"needs 2 to {service.context_length}", param="text")
-        ids = await service.encode(body.text)
-        if not 2 <= len(ids) <= service.context_length:
-            raise ApiError(400, f"text: has {len(ids)} tokens; scoring needs 2 to {service.context_length}",
-                           param="text")
-        logprobs, perplexity = await service.score(ids)
-        return Score(model=service.model_name, tokens=await service.token_texts(ids), token_ids=ids,
-                     token_logprobs=[None, *logprobs], total_logprob=sum(logprobs), perplexity=perplexity)
+        with ready_model(body.model).lease() as served:
+            if not served.codec.may_fit(body.text, served.context_length):
+                raise ApiError(400, f"text: {len(body.text)} characters make more than {served.context_length} "
+                                    f"tokens (a token spans at most {served.codec.max_chars_per_token} characters); "
+                                    f"scoring needs 2 to {served.context_length}", param="text")
+            ids = await service.encode(served, body.text)
+            if not 2 <= len(ids) <= served.context_length:
+                raise ApiError(400, f"text: has {len(ids)} tokens; scoring needs 2 to {served.context_length}",
+                               param="text")
+            try:
+                logprobs, perplexity = await service.score(served, ids)
+            except NotReady as exc:
+                raise ApiError(503, str(exc), "service_unavailable", headers={"Retry-After": "5"}) from exc
+            return Score(model=service.model_name, tokens=await service.token_texts(served, ids), token_ids=ids,
+                         token_logprobs=[None, *logprobs], total_logprob=sum(logprobs), perplexity=perplexity)
 
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     app.add_middleware(CountRequests, service=service)  # added last: the outermost
@@ -253,28 +290,28 @@ def create_app(service: InferenceService) -> FastAPI:
     return app
 
 
-def _logprobs(service: InferenceService, deltas: list[Delta], offset: int) -> Logprobs:
+def _logprobs(served: ServedModel, deltas: list[Delta], offset: int) -> Logprobs:
     tokens, offsets = [], []
     for delta in deltas:
         for token in delta.token_ids:
-            tokens.append(service.codec.token_text(token))
+            tokens.append(served.codec.token_text(token))
             offsets.append(offset)
             offset += len(tokens[-1])
-    tops = [{service.codec.token_text(t): lp for t, lp in top.items()} for d in deltas for top in d.top_logprobs]
+    tops = [{served.codec.token_text(t): lp for t, lp in top.items()} for d in deltas for top in d.top_logprobs]
     return Logprobs(tokens=tokens, token_logprobs=[lp for d in deltas for lp in d.logprobs],
                     top_logprobs=tops or None, text_offset=offsets)
 
 
-async def _complete(service, body, handle, span, request: Request, request_id, started, context):
+async def _complete(service, served, body, handle, span, request: Request, request_id, started, context):
     async def cancel_on_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        service.runner.cancel(handle)
+        served.runner.cancel(handle)
 
     watcher = asyncio.create_task(cancel_on_disconnect())
     deltas: list[Delta] = []
     try:
-        async with aclosing(service.deltas(handle, body.stop, span)) as stream:
+        async with aclosing(service.deltas(served, handle, body.stop, span)) as stream:
             async for delta in stream:
                 deltas.append(delta)
     except NotReady as exc:
@@ -287,19 +324,19 @@ async def _complete(service, body, handle, span, request: Request, request_id, s
     if finish_reason == "cancelled":
         return JSONResponse({"error": {"message": "client closed the request"}}, status_code=499)
     text = "".join(d.text for d in deltas)
-    logprobs = _logprobs(service, deltas, 0) if body.logprobs is not None else None
+    logprobs = _logprobs(served, deltas, 0) if body.logprobs is not None else None
     return Completion(id=request_id, created=int(time.time()), model=service.model_name,
                       choices=[Choice(text=text, logprobs=logprobs, finish_reason=finish_reason)],
                       usage=Usage(prompt_tokens=len(handle.seq.prompt), completion_tokens=generated,
                                   total_tokens=len(handle.seq.prompt) + generated))
 
 
-async def _sse(service, body, handle, span, request_id, started, context):
+async def _sse(service, served, body, handle, span, request_id, started, context):
     created, offset, generated, finish_reason = int(time.time()), 0, 0, "cancelled"
     try:
-        async with aclosing(service.deltas(handle, body.stop, span)) as stream:
+        async with aclosing(service.deltas(served, handle, body.stop, span)) as stream:
             async for delta in stream:
-                logprobs = _logprobs(service, [delta], offset) if body.logprobs is not None else None
+                logprobs = _logprobs(served, [delta], offset) if body.logprobs is not None else None
                 offset += len(delta.text)
                 generated += len(delta.token_ids)
                 finish_reason = delta.finish_reason or finish_reason

@@ -16,7 +16,8 @@ from lmforge.inference.config import load_serve_config
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmforge-serve", description=__doc__)
-    parser.add_argument("--model", help="model package: a directory or s3://BUCKET/PREFIX/models/VERSION")
+    parser.add_argument("--model", help="model package (a directory or s3://BUCKET/PREFIX/models/VERSION), or a "
+                        "model pointer naming one (e.g. s3://BUCKET/PREFIX/models/current), followed while serving")
     parser.add_argument("--host", help="bind address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, help="API port (default 8000)")
     parser.add_argument("--config", help="YAML config file")

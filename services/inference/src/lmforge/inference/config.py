@@ -16,14 +16,23 @@ class EngineConfig(StrictModel):
 
 
 class ServeConfig(StrictModel):
-    model: str = Field("", description="model package: a directory or s3://BUCKET/PREFIX/models/VERSION")
-    model_name: str | None = Field(None, description="name served in /v1/models (default: the package folder name)")
+    model: str = Field("", description="model package (a directory or s3://BUCKET/PREFIX/models/VERSION) or a model "
+                                       "pointer naming one (a JSON file or object, e.g. s3://BUCKET/PREFIX/models/"
+                                       "current), which the server follows while it serves")
+    model_name: str | None = Field(None, description="name served in /v1/models (default: the last path segment of "
+                                                     "`model`: the package folder, or the pointer's name)")
+    pointer_poll_seconds: float = Field(30.0, gt=0, description="with a model pointer: how often it is re-read; a "
+                                                                "new package is verified and loaded, then swapped in")
+    swap_drain_seconds: float = Field(600.0, gt=0, description="after a swap, how long requests started on the "
+                                                               "old model may take to finish before it is stopped")
     host: str = "0.0.0.0"  # noqa: S104 - a container's server
     port: int = Field(8000, ge=0, le=65535)
     metrics_port: int | None = Field(None, ge=0, le=65535,
                                      description="serve /metrics on this port instead of the API port")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    cache_dir: str = Field("/tmp/lmforge-models", description="where s3:// packages are downloaded")  # noqa: S108
+    cache_dir: str = Field("/tmp/lmforge-models",  # noqa: S108
+                           description="where s3:// packages are downloaded; one server's own (a swap "
+                                       "deletes the download of the model it retires)")
     api_keys_file: str | None = Field(None, description="one key per line (a mounted Secret); unset: no auth")
     api_docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (without authentication: "
                                              "they describe the API, they do not call it)")

@@ -49,6 +49,12 @@ class ServeMetrics:
         r.register(EngineGauges(model_name, counts, kv_cache_usage))
         self.model_info = Gauge(P + "model_info", "The served model (value 1, once loaded).",
                                 labels + ["version", "step", "device"], registry=r)
+        self.model_swaps = Counter(P + "model_swaps_total", "Model pointer changes acted on: swapped (the new "
+                                   "package serves) or refused (it did not verify or load; the old one serves on).",
+                                   labels + ["outcome"], registry=r)
+        self.pointer_read_errors = Counter(P + "model_pointer_read_errors_total",
+                                           "Failed reads of the model pointer (the served model is kept).", labels,
+                                           registry=r)
         self.device = device
         if device.startswith("cuda"):
             gpu = NvmlCollector(model_name)
@@ -56,7 +62,15 @@ class ServeMetrics:
                 r.register(gpu)
 
     def set_model_info(self, version: str, step: int | None) -> None:
+        """The one served model (a swap replaces the series)."""
+        self.model_info.clear()
         self.model_info.labels(self.model_name, version, "" if step is None else str(step), self.device).set(1)
+
+    def observe_swap(self, outcome: str) -> None:
+        self.model_swaps.labels(self.model_name, outcome).inc()
+
+    def observe_pointer_read_error(self) -> None:
+        self.pointer_read_errors.labels(self.model_name).inc()
 
     def observe_request(self, status: int) -> None:
         self.requests.labels(self.model_name, str(status)).inc()

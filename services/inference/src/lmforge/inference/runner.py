@@ -2,12 +2,15 @@
 the asyncio side (the API), which awaits them per request.
 
 The event loop never waits for the model: submissions, cancellations and scoring jobs go
-into an inbox that the engine thread drains between steps."""
+into an inbox that the engine thread drains between steps. Once stopped (a retired model after a
+swap, shutdown) or broken, the runner takes no more work, and every request it still holds ends
+(its consumer sees the stream end without a finish reason)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -34,6 +37,10 @@ class Handle:
                 return
 
 
+class RunnerStopped(Exception):
+    """The runner was stopped (its model retired) or broke: it takes no more work."""
+
+
 def _deliver(deliveries: list[tuple[Handle, tuple[int | None, bool]]]) -> None:
     for handle, item in deliveries:
         handle.queue.put_nowait(item)
@@ -44,8 +51,9 @@ class EngineRunner:
         self.engine = engine
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._pending = 0  # submissions in the inbox, counted against the waiting limit
-        self._pending_lock = threading.Lock()
+        self._pending_lock = threading.Lock()  # also orders submissions against closing
         self._stopping = False
+        self._closed = False  # no more work accepted: set under _pending_lock
         self._handles: dict[Sequence, Handle] = {}
         self._thread = threading.Thread(target=self._run, name="lmforge-engine", daemon=True)
         self.error: BaseException | None = None
@@ -58,12 +66,7 @@ class EngineRunner:
         return self._thread.is_alive() and self.error is None
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Handle:
-        """Queue a request; raises QueueFull at once. Call from the event loop."""
-        with self._pending_lock:
-            waiting = len(self.engine.waiting) + self._pending
-            if waiting >= self.engine.max_waiting:
-                raise QueueFull(f"{waiting} requests are waiting")
-            self._pending += 1
+        """Queue a request; raises QueueFull (or RunnerStopped) at once. Call from the event loop."""
         seq = self.engine.new_sequence(prompt, params)
         handle = Handle(seq, asyncio.get_running_loop())
 
@@ -73,7 +76,14 @@ class EngineRunner:
             self._handles[seq] = handle
             self.engine.enqueue(seq)
 
-        self._inbox.put(admit)
+        with self._pending_lock:
+            if self._closed:
+                raise RunnerStopped("the engine was stopped")
+            waiting = len(self.engine.waiting) + self._pending
+            if waiting >= self.engine.max_waiting:
+                raise QueueFull(f"{waiting} requests are waiting")
+            self._pending += 1
+            self._inbox.put(admit)
         return handle
 
     def cancel(self, handle: Handle) -> None:
@@ -97,7 +107,10 @@ class EngineRunner:
             except Exception as exc:  # noqa: BLE001 - handed to the awaiting request
                 future.set_exception(exc)
 
-        self._inbox.put(job)
+        with self._pending_lock:
+            if self._closed:
+                raise RunnerStopped("the engine was stopped")
+            self._inbox.put(job)
         return await asyncio.wrap_future(future)
 
     def counts(self) -> tuple[int, int]:
@@ -131,11 +144,21 @@ class EngineRunner:
                     by_loop.setdefault(handle.loop, []).append((handle, item))
                 for loop, batch in by_loop.items():
                     loop.call_soon_threadsafe(_deliver, batch)
-        except BaseException as exc:  # surfaced by /readyz; every waiting request is ended
+        except BaseException as exc:  # surfaced by /readyz
             self.error = exc
-            for handle in self._handles.values():
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        """Take no more work; run what is already in the inbox (admissions, cancellations, scoring
+        jobs, which fail if the engine broke), then end every request still held."""
+        with self._pending_lock:
+            self._closed = True
+        self._drain_inbox(block=False)
+        for handle in self._handles.values():
+            with contextlib.suppress(RuntimeError):  # its event loop is gone (shutdown): nobody waits
                 handle.loop.call_soon_threadsafe(handle.queue.put_nowait, (None, True))
-            self._handles.clear()
+        self._handles.clear()
 
     def stop(self) -> None:
         self._stopping = True

@@ -1,6 +1,10 @@
 """The serving core between the HTTP layer and the engine: loads the model package (in the
 background, so /healthz answers while a large model downloads), runs the engine thread, and
-turns one request into a stream of text deltas with metrics and spans when it ends."""
+turns one request into a stream of text deltas with metrics and spans when it ends.
+
+`--model` may name a model pointer instead of a package: the server then serves the package the
+pointer names and follows the pointer (model_swap). A request uses the model that was current
+when it started (`ServedModel`, held by a lease) to its end, also across a swap."""
 
 from __future__ import annotations
 
@@ -18,10 +22,11 @@ from opentelemetry import trace
 
 from lmforge.common.logging import get_logger
 from lmforge.common.model_package import TOKENIZER, fetch_package, load_package
+from lmforge.common.model_pointer import resolve_model
 from lmforge.inference.config import ServeConfig
 from lmforge.inference.engine import Engine
 from lmforge.inference.metrics import ServeMetrics
-from lmforge.inference.runner import EngineRunner, Handle
+from lmforge.inference.runner import EngineRunner, Handle, RunnerStopped
 from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.text import Codec, TextStream
 from lmforge.inference.tracing import MonotonicClock, record_generation_spans, tracer_provider
@@ -57,17 +62,90 @@ def default_model_name(uri: str) -> str:
     return Path(uri.rstrip("/")).name or "model"
 
 
+class Lease:
+    """A request's hold on the model it started with; released once (also by a second call)."""
+
+    def __init__(self, model: ServedModel):
+        self.model, self._held = model, True
+        model._count_lease(+1)
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.model._count_lease(-1)
+
+    def __enter__(self) -> ServedModel:
+        return self.model
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """One loaded package and the engine thread serving it."""
+
+    package: str  # the package URI it was loaded from
+    path: Path  # its local copy (a download for s3://)
+    step: int | None
+    codec: Codec
+    runner: EngineRunner
+    context_length: int
+    loaded_at: float = field(default_factory=time.time)
+    _leases: int = 0
+    _idle: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def version(self) -> str:
+        """The package's folder name (model_info's `version` label)."""
+        return default_model_name(self.package)
+
+    @property
+    def leases(self) -> int:
+        return self._leases
+
+    def lease(self) -> Lease:
+        return Lease(self)
+
+    def _count_lease(self, delta: int) -> None:
+        with self._idle:
+            self._leases += delta
+            if self._leases == 0:
+                self._idle.notify_all()
+
+    def wait_unleased(self, timeout: float) -> bool:
+        """Wait until no request holds the model; False if some still do after `timeout` s."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._leases == 0, timeout)
+
+
+def load_model(package: str, config: ServeConfig, device: str, *, model_name: str,
+               require_checksums: bool = False) -> ServedModel:
+    """Fetch, verify and load `package` and start its engine thread."""
+    started = time.monotonic()
+    path = fetch_package(package, config.cache_dir)
+    model, meta = load_package(path, device=device, require_checksums=require_checksums)
+    if device == "cuda":
+        model = model.to(torch.bfloat16)
+    codec = Codec(path / TOKENIZER)
+    engine = Engine(model, max_running=config.engine.max_running, max_waiting=config.engine.max_waiting,
+                    eos_id=codec.eos_id, step_delay_seconds=config.engine.step_delay_seconds)
+    runner = EngineRunner(engine)
+    runner.start()
+    log.info("model_loaded", model=package, model_name=model_name, step=meta.get("step"), device=device,
+             parameters=sum(p.numel() for p in model.parameters()), kv_cache_bytes=engine.cache.bytes,
+             max_chars_per_token=codec.max_chars_per_token, seconds=round(time.monotonic() - started, 2))
+    return ServedModel(package, path, meta.get("step"), codec, runner, model.config.context_length)
+
+
 class InferenceService:
     def __init__(self, config: ServeConfig, span_exporter=None):
         self.config = config
         self.model_name = config.model_name or default_model_name(config.model)
         self.device = resolve_device(config.device)
-        self.runner: EngineRunner | None = None
-        self.codec: Codec | None = None
-        self.context_length = 0
+        self.model: ServedModel | None = None  # the current model: each new request takes it
+        self.follower = None  # model_swap.PointerFollower when config.model is a pointer
         self.load_error: BaseException | None = None
-        self.loaded = threading.Event()
-        self.created = int(time.time())
         self.metrics = ServeMetrics(self.model_name, self.device, self._counts, self._kv_cache_usage)
         self._text_pool = ThreadPoolExecutor(TEXT_THREADS, thread_name_prefix="lmforge-text")
         self.tracer_provider = tracer_provider("lmforge-inference", span_exporter)
@@ -77,29 +155,30 @@ class InferenceService:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Fetch and load the package, start the engine; errors are kept for /readyz and the CLI."""
+        """Resolve the pointer (if `model` is one), fetch and load the package, start the engine
+        and, for a pointer, follow it; errors are kept for /readyz and the CLI."""
         try:
-            started = time.monotonic()
-            path = fetch_package(self.config.model, self.config.cache_dir)
-            model, meta = load_package(path, device=self.device)
-            if self.device == "cuda":
-                model = model.to(torch.bfloat16)
-            self.codec = Codec(path / TOKENIZER)
-            engine = Engine(model, max_running=self.config.engine.max_running,
-                            max_waiting=self.config.engine.max_waiting, eos_id=self.codec.eos_id,
-                            step_delay_seconds=self.config.engine.step_delay_seconds)
-            self.context_length = model.config.context_length
-            self.runner = EngineRunner(engine)
-            self.runner.start()
-            self.metrics.set_model_info(default_model_name(self.config.model), meta.get("step"))
-            self.loaded.set()
-            log.info("model_loaded", model=self.config.model, model_name=self.model_name, step=meta.get("step"),
-                     device=self.device, parameters=sum(p.numel() for p in model.parameters()),
-                     kv_cache_bytes=engine.cache.bytes, max_chars_per_token=self.codec.max_chars_per_token,
-                     seconds=round(time.monotonic() - started, 2))
+            pointer, package = resolve_model(self.config.model)
+            if pointer is not None:
+                log.info("model_pointer_resolved", pointer=self.config.model, package=package,
+                         set_at=pointer.set_at, set_by=pointer.set_by)
+            self.model = load_model(package, self.config, self.device, model_name=self.model_name,
+                                    require_checksums=pointer is not None)
+            self.metrics.set_model_info(self.model.version, self.model.step)
+            if pointer is not None:
+                from lmforge.inference.model_swap import PointerFollower  # it imports this module
+
+                self.follower = PointerFollower(self)
+                self.follower.start()
         except BaseException as exc:  # noqa: BLE001 - reported by /readyz; the CLI exits non-zero
             self.load_error = exc
             log.error("model_load_failed", model=self.config.model, error=str(exc), kind=type(exc).__name__)
+
+    def swap_in(self, new: ServedModel) -> ServedModel:
+        """Make `new` the current model (new requests take it); returns the one it replaces."""
+        old, self.model = self.model, new
+        self.metrics.set_model_info(new.version, new.step)
+        return old
 
     def load_in_background(self) -> threading.Thread:
         thread = threading.Thread(target=self.load, name="lmforge-model-load", daemon=True)
@@ -107,54 +186,66 @@ class InferenceService:
         return thread
 
     def stop(self) -> None:
-        if self.runner is not None:
-            self.runner.stop()
+        if self.follower is not None:
+            self.follower.stop()
+        if self.model is not None:
+            self.model.runner.stop()
         self._text_pool.shutdown(wait=False, cancel_futures=True)
         self.tracer_provider.shutdown()
 
-    def readiness(self) -> str | None:
-        """None when ready to serve, else why not."""
+    def readiness(self, model: ServedModel | None = None) -> str | None:
+        """None when ready to serve (the current model, or `model`), else why not."""
+        model = model or self.model
         if self.load_error is not None:
             return f"model failed to load: {self.load_error}"
-        if not self.loaded.is_set():
+        if model is None:
             return "model loading"
-        if not self.runner.alive:
-            return f"engine stopped: {self.runner.error}"
+        if not model.runner.alive:
+            return f"engine stopped: {model.runner.error}"
         return None
 
     def _counts(self) -> tuple[int, int] | None:
-        return self.runner.counts() if self.runner else None  # no engine yet: no value, not 0
+        model = self.model
+        return model.runner.counts() if model else None  # no engine yet: no value, not 0
 
     def _kv_cache_usage(self) -> float | None:
-        return self.runner.engine.kv_cache_usage if self.runner else None
+        model = self.model
+        return model.runner.engine.kv_cache_usage if model else None
 
     # -- requests ------------------------------------------------------------------------------
 
-    def ensure_ready(self) -> None:
-        reason = self.readiness()
+    def ensure_ready(self) -> ServedModel:
+        """The current model, if it can serve; a request leases it and uses it to its end."""
+        model = self.model  # read once: a swap meanwhile does not mix two models in one request
+        reason = self.readiness(model)
         if reason is not None:
             raise NotReady(reason)
+        return model
 
-    async def encode(self, text: str) -> list[int]:
+    async def encode(self, model: ServedModel, text: str) -> list[int]:
         """The token ids of `text`. A long text is tokenized on a worker thread: it takes seconds
         at a megabyte, while the event loop goes on answering every other client and the probes."""
         if len(text) <= INLINE_TEXT_CHARS:
-            return self.codec.encode(text)
-        return await asyncio.get_running_loop().run_in_executor(self._text_pool, self.codec.encode, text)
+            return model.codec.encode(text)
+        return await asyncio.get_running_loop().run_in_executor(self._text_pool, model.codec.encode, text)
 
-    async def token_texts(self, ids: list[int]) -> list[str]:
+    async def token_texts(self, model: ServedModel, ids: list[int]) -> list[str]:
         """Each token's text (a whole context's worth is done on a worker thread)."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._text_pool, lambda: [self.codec.token_text(t) for t in ids])
+            self._text_pool, lambda: [model.codec.token_text(t) for t in ids])
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Handle:
-        """Raises QueueFull when the waiting queue is at capacity."""
-        return self.runner.submit(prompt_ids, params)
+    def submit(self, model: ServedModel, prompt_ids: list[int], params: SamplingParams) -> Handle:
+        """Raises QueueFull when the waiting queue is at capacity, NotReady when the engine stopped."""
+        try:
+            return model.runner.submit(prompt_ids, params)
+        except RunnerStopped as exc:
+            raise NotReady(f"engine stopped: {exc}") from exc
 
-    async def deltas(self, handle: Handle, stop: list[str], span: trace.Span) -> AsyncIterator[Delta]:
+    async def deltas(self, model: ServedModel, handle: Handle, stop: list[str],
+                     span: trace.Span) -> AsyncIterator[Delta]:
         """Text deltas as tokens arrive; the last one carries the finish reason. If the consumer
         stops early (the client went away), the sequence is cancelled and its slot freed."""
-        seq, stream = handle.seq, TextStream(self.codec, stop)
+        seq, stream = handle.seq, TextStream(model.codec, stop)
         pending = Delta("")
         reason, generated = "cancelled", 0
         try:
@@ -172,13 +263,13 @@ class InferenceService:
                 reason = "cancelled" if handle.cancelled else seq.finish_reason or "error"
                 pending.text += stream.flush()
             if reason == "error":
-                raise NotReady(f"engine stopped: {self.runner.error}")
+                raise NotReady(f"engine stopped: {model.runner.error}")
             pending.finish_reason = reason
             yield pending
         finally:
             ended_at = time.monotonic()
             if not seq.finished:
-                self.runner.cancel(handle)
+                model.runner.cancel(handle)
             self.metrics.observe_generation(seq, reason, ended_at, generated)
             record_generation_spans(self.tracer, span, seq, ended_at, self.clock)
             span.set_attribute("lmforge.finish_reason", reason)
@@ -192,7 +283,10 @@ class InferenceService:
             if seq.params.logprobs:
                 delta.top_logprobs.append(seq.top_logprobs[index])
 
-    async def score(self, ids: list[int]) -> tuple[list[float], float]:
+    async def score(self, model: ServedModel, ids: list[int]) -> tuple[list[float], float]:
         """(logprob of each token after the first, perplexity over them)."""
-        logprobs = await self.runner.score(ids)
+        try:
+            logprobs = await model.runner.score(ids)
+        except RunnerStopped as exc:
+            raise NotReady(f"engine stopped: {exc}") from exc
         return logprobs, math.exp(-sum(logprobs) / len(logprobs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from lmforge.common.errors import CLI_ERRORS, report_failure
@@ -31,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--step", type=int, help="this step (it must be complete in the store)")
     which.add_argument("--latest", action="store_true", help="the newest complete checkpoint (default)")
     for command in (watch, restore_cmd):
+        command.add_argument("--node-rank", type=int, default=0, metavar="N",
+                             help="this pod's node rank where every node mounts the same checkpoint volume: only "
+                                  "node rank 0 restores and uploads; on the others restore does nothing and watch "
+                                  "stands by until stopped (default 0)")
         command.add_argument("--endpoint-url", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
         command.add_argument("--config", help="YAML config file")
         command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
@@ -40,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     log = get_logger("uploader")
+    if args.node_rank != 0:
+        return _stand_by(args.command, args.node_rank, log)
     try:
         config = load_uploader_config(args.config, args.set)
         retry = RetryPolicy(config.transfer.max_attempts, config.transfer.backoff_seconds,
@@ -71,6 +78,20 @@ def main(argv=None) -> int:
         return 0
     except CLI_ERRORS as exc:
         return report_failure(log, f"lmforge-uploader {args.command}", exc)
+
+
+def _stand_by(command: str, node_rank: int, log) -> int:
+    """Node rank 0 restores and uploads the shared volume. A restore here is done at once; a
+    watch, a native sidecar that would be restarted if it exited, waits to be stopped."""
+    log.info("standing_by", command=command, node_rank=node_rank, reason="node rank 0 restores and uploads")
+    if command == "watch":
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        while not stop.wait(1.0):  # short waits: the handler runs between them
+            pass
+        log.info("exited", reason="stopped")
+    return 0
 
 
 if __name__ == "__main__":
