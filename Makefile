@@ -92,7 +92,7 @@ demo-stop: ## stop what a killed demo left running
 docs: setup ## regenerate the README's configuration reference
 	$(PY) -m lmforge.common.config_reference --readme README.md
 
-test: setup image-tools ## every test: about 12-14 min of pytest on 2 cores, plus the image builds
+test: setup image-tools ## every test: about 16 min of pytest on 2 cores, plus the image builds
 	$(image_env) $(PY) -m pytest -q
 
 test-fast: setup ## the tests not marked slow (no end-to-end demo, no image builds)
