@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from html.parser import HTMLParser
+from pathlib import Path
 
 from lmforge.trainer.cli import main as train_cli
 from lmforge.trainer.metrics_file import MetricsFile
-from lmforge.trainer.report_html import write_report
+from lmforge.trainer.report_html import ReportRefresher, write_report
 
 CHARTS = ["loss", "lr", "grad_norm", "tokens_per_second", "mfu"]
 
@@ -149,3 +151,26 @@ def test_long_runs_are_thinned_to_a_bounded_page(tmp_path):
     text = write_report(tmp_path).read_text()
     assert Page(text).charts["loss"] == points  # counted, not all drawn
     assert len(text) < 400_000
+
+
+def test_the_refresher_draws_off_the_training_loop_and_folds_requests():
+    """request() returns while a draw is still running (the loop never waits for the page);
+    requests made meanwhile become one more draw; close() waits and draws the final page."""
+    release, started, draws, errors = threading.Event(), threading.Event(), [], []
+
+    def draw(run_dir):
+        draws.append(run_dir)
+        started.set()
+        assert release.wait(10)
+        if len(draws) == 2:
+            raise OSError("disk full")
+
+    refresher = ReportRefresher(Path("run"), errors.append, draw=draw)
+    refresher.request()
+    assert started.wait(10) and not release.is_set()  # the first draw blocks; request() came back
+    for _ in range(5):
+        refresher.request()  # folded into one more draw
+    release.set()
+    refresher.close()
+    assert len(draws) == 3  # the first, one for the five folded requests, the final one
+    assert [str(e) for e in errors] == ["disk full"]  # reported, never raised into training

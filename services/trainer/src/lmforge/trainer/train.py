@@ -31,7 +31,7 @@ from lmforge.trainer.optim import build_optimizer, learning_rate
 from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
-from lmforge.trainer.report_html import write_report
+from lmforge.trainer.report_html import ReportRefresher
 from lmforge.trainer.tracking import open_trackers
 
 
@@ -96,7 +96,7 @@ class Run:
     def __init__(self, config: TrainConfig, ctx: Dist):
         self.ctx = ctx
         self.log = get_logger("trainer", rank=ctx.rank)
-        self.file = self.prometheus = self.trackers = None
+        self.file = self.prometheus = self.trackers = self.report = None
         self.run_dir = Path(config.run_dir)
         self._checkpoint_step: int | None = None
         if not ctx.is_main:
@@ -105,6 +105,7 @@ class Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config.model_dump_json(indent=1))
         self.file = MetricsFile(run_dir / "metrics.jsonl")
+        self.report = ReportRefresher(run_dir, self._report_not_written)
         self.prometheus = TrainMetrics()
         if config.metrics.port:
             port = self.prometheus.serve(config.metrics.port)
@@ -140,16 +141,12 @@ class Run:
         if self.prometheus:
             self.prometheus.last_checkpoint.set(step)
         self.record("checkpoint", {"step": step, "timestamp": time.time()}, console=False)
-        self.write_report()  # a killed attempt leaves the report as of its last checkpoint
+        if self.report:
+            self.report.request()  # a killed attempt leaves the report as of a recent checkpoint
 
-    def write_report(self) -> None:
-        if not self.file:
-            return
-        try:
-            write_report(self.run_dir)
-        except Exception as exc:  # the report is only a view of metrics.jsonl: training goes on regardless
-            self.log.warning("report_not_written", path=str(self.run_dir / "report.html"),
-                             error=f"{type(exc).__name__}: {exc}")
+    def _report_not_written(self, exc: Exception) -> None:  # training goes on regardless
+        self.log.warning("report_not_written", path=str(self.run_dir / "report.html"),
+                         error=f"{type(exc).__name__}: {exc}")
 
     def close(self, failed: bool) -> None:
         if self.trackers:
@@ -164,7 +161,7 @@ class Run:
                 self.log.warning("metrics_not_written", path=str(self.run_dir / "metrics.jsonl"), error=str(exc))
             with suppress(OSError):  # (the same failed write again; the file is closed all the same)
                 self.file.close()
-            self.write_report()
+            self.report.close()
 
 
 def train(config: TrainConfig) -> list[float]:
