@@ -1,5 +1,9 @@
 """Runs the data-prep phases, locally (a process pool) or as one worker of an Indexed Job.
 
+The parallel phases (inputs, dedup, tokenize) build their task list once (tasks.py); a worker
+given indices runs those tasks of it (worker_slice), a local run all of them, and the run's
+executor (executor.py: inline, or a pool of spawned processes) runs the ones not yet complete.
+
 Phases and their completion markers (a rerun skips what is complete):
   inputs    per input: kept docs, rejects, signatures, stats   → work/done/input-*
   dedup     per partition (LSH band / URL / content): edges    → work/dedup/edges-*.npy
@@ -14,16 +18,12 @@ work/timings/ (timings.py); the report adds them up per phase.
 
 from __future__ import annotations
 
-import ctypes
 import json
-import multiprocessing
 import os
-import signal
-import sys
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from lmforge.common.config import dump_config
 from lmforge.common.errors import ConfigError, InputError, StorageError
@@ -31,20 +31,17 @@ from lmforge.common.logging import StructLogger, get_logger
 from lmforge.common.storage import LocalStore, Store, expand_inputs, input_size, open_store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
-from lmforge.dataprep.dedup_global import (
-    PartitionPlan,
-    check_minhash_config,
-    cluster,
-    group_partition,
-    load_removed,
-    write_minhash_config,
-)
+from lmforge.dataprep.dedup_global import PartitionPlan as PartitionPlan  # cli.py sizes dedup slices with it
+from lmforge.dataprep.dedup_global import check_minhash_config, cluster, load_removed, write_minhash_config
+from lmforge.dataprep.executor import Executor, local_executor
 from lmforge.dataprep.progress import Progress
 from lmforge.dataprep.shard_writer import write_shards
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
+from lmforge.dataprep.tasks import Task, input_tasks, partition_tasks, tokenize_tasks
 from lmforge.dataprep.timings import timed_phase
-from lmforge.dataprep.tokenize import prepare_tokenizer, tokenize_input
-from lmforge.dataprep.worker import process_input
+from lmforge.dataprep.tokenize import prepare_tokenizer
+
+T = TypeVar("T", bound=Task)
 
 
 @dataclass
@@ -59,9 +56,14 @@ class Run:
     def n_inputs(self) -> int:
         return len(self.inputs)
 
+    def executor(self) -> Executor:
+        """What runs this run's tasks on this machine: inline, or over `processes` processes."""
+        return local_executor(self.store, self.config, self.processes)
+
 
 def worker_slice(n_items: int, worker_index: int, num_workers: int) -> list[int]:
-    """Items of one worker: every num_workers-th, starting at worker_index."""
+    """Items of one worker (indices into a phase's task list): every num_workers-th, starting
+    at worker_index."""
     if num_workers < 1:
         raise ConfigError(f"num_workers must be ≥ 1, got {num_workers}")
     if not 0 <= worker_index < num_workers:
@@ -106,88 +108,35 @@ def open_run(output: str, config: DataprepConfig | None, input_patterns: list[st
     return Run(store, config, inputs, processes=max(1, processes))
 
 
-# ------------------------------------------------------------------ process pool
-
-_STATE: dict = {}
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# ------------------------------------------------------------------ running a phase's tasks
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make this pool worker die when the process that started it does, even by SIGKILL: an
-    orphaned worker would go on writing into an output directory that a rerun may already be
-    writing to. Linux: the parent-death signal; elsewhere the pool's own EOF check remains."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
-        os._exit(1)
+def _chosen(tasks: list[T], indices: Iterable[int] | None) -> list[T]:
+    """The tasks at `indices` (an Indexed-Job worker's worker_slice), else all of them."""
+    return list(tasks) if indices is None else [tasks[i] for i in indices]
 
 
-def _init_worker(output: str, config_json: str, parent_pid: int) -> None:
-    _die_with_parent(parent_pid)
-    _STATE["store"] = open_store(output)
-    _STATE["config"] = DataprepConfig.model_validate_json(config_json)
+def _pending(run: Run, tasks: list[T]) -> list[T]:
+    return [task for task in tasks if not run.store.exists(task.done_marker)]
 
 
-def _pool_task(fn_name: str, *args):
-    return _TASKS[fn_name](_STATE["store"], _STATE["config"], *args)
+def _execute(run: Run, tasks: list[Task], progress: Progress, on_result: Callable | None = None) -> list:
+    def done(result) -> None:
+        if on_result:
+            on_result(result)
+        progress.advance()
 
-
-def _task_input(store, config, uri, i):
-    return process_input(store, config, uri, i)
-
-
-def _task_partition(store, config, n_inputs, p):
-    return group_partition(store, config.minhash, n_inputs, p)
-
-
-def _task_tokenize(store, config, info, i):
-    removed, reasons = load_removed(store)
-    return tokenize_input(store, config, info, i, removed, reasons)
-
-
-_TASKS: dict[str, Callable] = {"input": _task_input, "partition": _task_partition, "tokenize": _task_tokenize}
-
-
-def _map(run: Run, fn_name: str, argsets: list[tuple], progress: Progress,
-         on_result: Callable | None = None) -> list:
-    results = []
-    if run.processes == 1 or len(argsets) <= 1:
-        for args in argsets:
-            result = _TASKS[fn_name](run.store, run.config, *args)
-            results.append(result)
-            if on_result:
-                on_result(result)
-            progress.advance()
-        return results
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(run.processes, len(argsets)), mp_context=context,
-                             initializer=_init_worker,
-                             initargs=(run.store.uri, run.config.model_dump_json(), os.getpid())) as pool:
-        futures = [pool.submit(_pool_task, fn_name, *args) for args in argsets]
-        try:
-            for future in as_completed(futures):
-                result = future.result()
-                results.append(result)
-                if on_result:
-                    on_result(result)
-                progress.advance()
-        except BaseException:
-            # one task failed (a full disk fails them all): stop, do not start the queued ones
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    return results
+    return run.executor().run(tasks, done)
 
 
 # ------------------------------------------------------------------ phases
 
 
 def run_inputs(run: Run, indices: Iterable[int] | None = None) -> list:
-    indices = list(range(run.n_inputs) if indices is None else indices)
-    pending = [i for i in indices if not run.store.exists(layout.input_done(i))]
-    run.log.info("phase_start", phase="inputs", inputs=len(indices), pending=len(pending),
-                 input_bytes=sum(input_size(run.inputs[i]) or 0 for i in pending))
+    chosen = _chosen(input_tasks(run.inputs), indices)
+    pending = _pending(run, chosen)
+    run.log.info("phase_start", phase="inputs", inputs=len(chosen), pending=len(pending),
+                 input_bytes=sum(input_size(task.uri) or 0 for task in pending))
     progress = Progress(run.log, "inputs", len(pending))
 
     def report(result):
@@ -195,7 +144,7 @@ def run_inputs(run: Run, indices: Iterable[int] | None = None) -> list:
                      docs_kept=result.docs_kept, peak_rss_bytes=result.peak_rss_bytes)
 
     with timed_phase(run.store, "inputs", len(pending)):
-        results = _map(run, "input", [(run.inputs[i], i) for i in pending], progress, report)
+        results = _execute(run, pending, progress, report)
     progress.close()
     return results
 
@@ -246,13 +195,12 @@ def run_dedup(run: Run, indices: Iterable[int] | None = None) -> None:
     _require_inputs_done(run)
     _require_documents(run)
     check_minhash_config(run.store, run.config.minhash)
-    plan = PartitionPlan.from_config(run.config.minhash)
-    indices = list(range(plan.count) if indices is None else indices)
-    pending = [p for p in indices if not run.store.exists(layout.edges(p))]
-    run.log.info("phase_start", phase="dedup", partitions=len(indices), pending=len(pending))
+    chosen = _chosen(partition_tasks(run.config, run.n_inputs), indices)
+    pending = _pending(run, chosen)
+    run.log.info("phase_start", phase="dedup", partitions=len(chosen), pending=len(pending))
     progress = Progress(run.log, "dedup", len(pending), unit="partitions")
     with timed_phase(run.store, "dedup", len(pending)):
-        _map(run, "partition", [(run.n_inputs, p) for p in pending], progress)
+        _execute(run, pending, progress)
     progress.close()
 
 
@@ -293,13 +241,12 @@ def _tokenizer_info(run: Run) -> dict:
 
 
 def run_tokenize(run: Run, indices: Iterable[int] | None = None) -> None:
-    info = _tokenizer_info(run)
-    indices = list(range(run.n_inputs) if indices is None else indices)
-    pending = [i for i in indices if not run.store.exists(layout.tokenize_done(i))]
-    run.log.info("phase_start", phase="tokenize", inputs=len(indices), pending=len(pending))
+    chosen = _chosen(tokenize_tasks(_tokenizer_info(run), run.n_inputs), indices)
+    pending = _pending(run, chosen)
+    run.log.info("phase_start", phase="tokenize", inputs=len(chosen), pending=len(pending))
     progress = Progress(run.log, "tokenize", len(pending))
     with timed_phase(run.store, "tokenize", len(pending)):
-        _map(run, "tokenize", [(info, i) for i in pending], progress)
+        _execute(run, pending, progress)
     progress.close()
 
 

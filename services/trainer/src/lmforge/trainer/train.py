@@ -1,16 +1,20 @@
 """The training loop: plain steps (nanoGPT's spirit), deterministic data, async checkpoints.
 
-Model, parallelism, checkpointing and telemetry live in their own modules (torchtitan's
-split); this file only sequences them.
+`train(config)` runs one attempt: process group, preflight, data, run log, then a `Trainer`
+(torchtitan's shape). Its __init__ builds the model, optimizer and checkpointer and resumes;
+`train_step` is one optimizer step (forward/backward over the micro-batches, clip, step), the
+one place a new kind of parallelism plugs in; `train` is the loop around it (logging, eval,
+checkpoints). Model, parallelism, checkpointing and telemetry live in their own modules.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import Counter
-from contextlib import nullcontext, suppress
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,25 +22,35 @@ import torch
 import torch.distributed as dist
 
 from lmforge.common.errors import LmforgeError
-from lmforge.common.logging import get_logger
-from lmforge.common.model import GPT, flops_per_token
+from lmforge.common.model import GPT, GPTConfig, flops_per_token
 from lmforge.trainer import faults
 from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_latest
 from lmforge.trainer.config import TrainConfig
-from lmforge.trainer.data import MixtureSampler, ShardSource
+from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
 from lmforge.trainer.data_sync import sync_sources
-from lmforge.trainer.metrics import TrainMetrics, device_peak_flops, peak_memory_bytes, state_bytes
-from lmforge.trainer.metrics_file import MetricsFile
+from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_bytes
 from lmforge.trainer.optim import build_optimizer, learning_rate
 from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
-from lmforge.trainer.report_html import ReportRefresher
-from lmforge.trainer.tracking import open_trackers
+from lmforge.trainer.run_log import RunLog
+
+# What the prefetcher yields: (batch index, tokens, where each sequence came from, seconds waited).
+Batches = Iterator[tuple[int, torch.Tensor, list[SampleRef], float]]
 
 
 class NonFiniteLossError(LmforgeError):
     exit_code = 5
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step's figures; loss is the all-rank mean."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    data_wait: float
 
 
 def local_sources(config: TrainConfig, ctx: Dist) -> list[Path]:
@@ -49,8 +63,9 @@ def local_sources(config: TrainConfig, ctx: Dist) -> list[Path]:
         group = dist.new_group(backend="gloo", timeout=timedelta(hours=6))
     try:
         barrier = (lambda: dist.barrier(group=group)) if group is not None else (lambda: None)
-        return sync_sources(uris, cache, local_rank=ctx.local_rank, barrier=barrier,
-                            verify_sha256=config.data.verify_sha256)
+        return sync_sources(
+            uris, cache, local_rank=ctx.local_rank, barrier=barrier, verify_sha256=config.data.verify_sha256
+        )
     finally:
         if group is not None:
             dist.destroy_process_group(group)
@@ -58,9 +73,16 @@ def local_sources(config: TrainConfig, ctx: Dist) -> list[Path]:
 
 def build_sampler(config: TrainConfig, paths: list[Path], split: str = "train") -> MixtureSampler:
     # Synced sources were checked against the manifest as they were downloaded.
-    sources = [ShardSource(path, split, config.data.seq_len, name=Path(s.path.rstrip("/")).name,
-                           verify_sha256=config.data.verify_sha256 and not s.path.startswith("s3://"))
-               for path, s in zip(paths, config.data.sources, strict=True)]
+    sources = [
+        ShardSource(
+            path,
+            split,
+            config.data.seq_len,
+            name=Path(s.path.rstrip("/")).name,
+            verify_sha256=config.data.verify_sha256 and not s.path.startswith("s3://"),
+        )
+        for path, s in zip(paths, config.data.sources, strict=True)
+    ]
     return MixtureSampler(sources, [s.weight for s in config.data.sources], config.seed)
 
 
@@ -89,81 +111,6 @@ def gather_rank_figures(figures: list[float], ctx: Dist) -> list[list[float]]:
     return [t.tolist() for t in gathered]
 
 
-class Run:
-    """What the loop logs to: JSON lines on every rank; metrics.jsonl (and report.html drawn
-    from it), Prometheus and the experiment trackers on rank 0."""
-
-    def __init__(self, config: TrainConfig, ctx: Dist):
-        self.ctx = ctx
-        self.log = get_logger("trainer", rank=ctx.rank)
-        self.file = self.prometheus = self.trackers = self.report = None
-        self.run_dir = Path(config.run_dir)
-        self._checkpoint_step: int | None = None
-        if not ctx.is_main:
-            return
-        run_dir = self.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(config.model_dump_json(indent=1))
-        self.file = MetricsFile(run_dir / "metrics.jsonl")
-        self.report = ReportRefresher(run_dir, self._report_not_written)
-        self.prometheus = TrainMetrics()
-        if config.metrics.port:
-            port = self.prometheus.serve(config.metrics.port)
-            self.log.info("metrics_serving", port=port)
-        self.trackers = open_trackers(config.tracking, config.model_dump(mode="json"), run_dir)
-
-    def record(self, kind: str, record: dict, *, console: bool = True) -> None:
-        if console:
-            self.log.info(kind, **record)
-        if self.file:
-            self.file.write({"kind": kind, **record})
-        if self.trackers and kind in ("step", "eval"):
-            self.trackers.log(record["step"], {k: v for k, v in record.items() if k != "step"})
-
-    def start(self, resumed_from: int | None, steps: int) -> None:
-        """The attempt's first record: the checkpoint it resumed from (None: from scratch)."""
-        self._checkpoint_step = resumed_from
-        if self.prometheus and resumed_from is not None:
-            self.prometheus.last_checkpoint.set(resumed_from)
-        if self.file:
-            self.log.info("attempt_started", attempt=self.file.attempt, resumed_from=resumed_from)
-        first = 0 if resumed_from is None else resumed_from + 1
-        self.record("start", {"timestamp": time.time(), "resumed_from": resumed_from, "first_step": first,
-                              "steps": steps, "world_size": self.ctx.world_size,
-                              "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))},
-                    console=False)
-
-    def checkpoint_committed(self, step: int | None) -> None:
-        """Called after every step with the newest committed step; records each commit once."""
-        if step is None or step == self._checkpoint_step:
-            return
-        self._checkpoint_step = step
-        if self.prometheus:
-            self.prometheus.last_checkpoint.set(step)
-        self.record("checkpoint", {"step": step, "timestamp": time.time()}, console=False)
-        if self.report:
-            self.report.request()  # a killed attempt leaves the report as of a recent checkpoint
-
-    def _report_not_written(self, exc: Exception) -> None:  # training goes on regardless
-        self.log.warning("report_not_written", path=str(self.run_dir / "report.html"),
-                         error=f"{type(exc).__name__}: {exc}")
-
-    def close(self, failed: bool) -> None:
-        if self.trackers:
-            self.trackers.close("FAILED" if failed else "FINISHED")
-        if self.prometheus:
-            self.prometheus.close()
-        if self.file:
-            try:
-                self.record("end", {"timestamp": time.time(), "status": "failed" if failed else "finished"},
-                            console=False)
-            except OSError as exc:  # a full disk must not replace the error that ended the run
-                self.log.warning("metrics_not_written", path=str(self.run_dir / "metrics.jsonl"), error=str(exc))
-            with suppress(OSError):  # (the same failed write again; the file is closed all the same)
-                self.file.close()
-            self.report.close()
-
-
 def train(config: TrainConfig) -> list[float]:
     """Train for config.steps; returns the per-step (all-rank mean) losses of this process's steps."""
     ctx = init_distributed(config.device, config.parallel)
@@ -172,9 +119,9 @@ def train(config: TrainConfig) -> list[float]:
             run_preflight(ctx, config.preflight, timedelta(seconds=config.parallel.timeout_seconds))
         paths = local_sources(config, ctx)
         sampler = build_sampler(config, paths)  # bad data fails here, before the run directory is touched
-        run, failed = Run(config, ctx), True
+        run, failed = RunLog(config, ctx), True
         try:
-            losses = _train(config, ctx, run, paths, sampler)
+            losses = Trainer(config, ctx, run, paths, sampler).train()
             failed = False
             return losses
         finally:
@@ -184,133 +131,220 @@ def train(config: TrainConfig) -> list[float]:
             dist.destroy_process_group()
 
 
-def _train(config: TrainConfig, ctx: Dist, run: Run, paths: list[Path], sampler: MixtureSampler) -> list[float]:
-    model_config = config.model.build(vocab_size=sampler.sources[0].vocab_size)
-    torch.manual_seed(config.seed)  # same initial weights on every rank
-    model = GPT(model_config).to(ctx.device)
-    n_params = model.num_params()
-    model = parallelize(model, config.parallel, ctx)
-    optimizer = build_optimizer(model, config.optim, fused=ctx.device.type == "cuda")
-    run.log.info("train_start", params=n_params, world_size=ctx.world_size, mode=config.parallel.mode,
-                 device=str(ctx.device), model=model_config.model_dump())
+class Trainer:
+    """One attempt at a run: resumes from the newest committed checkpoint when there is one and
+    runs the steps from there to config.steps."""
 
-    tokens_per_step = config.data.batch_size * config.data.seq_len * config.grad_accum * ctx.world_size
-    flops_per_step = flops_per_token(model_config, config.data.seq_len) * tokens_per_step
-    peak_flops = device_peak_flops(ctx.device, config.metrics.peak_flops)
-    checkpoints = Path(config.run_dir) / "checkpoints"
-    meta = {"config": config.model_dump(mode="json"), "tokenizer_sha256": sampler.sources[0].tokenizer_sha256,
-            "world_size": ctx.world_size}
-    checkpointer = Checkpointer(checkpoints, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save,
-                                timeout_seconds=config.parallel.timeout_seconds,
-                                purge_requires_upload=config.checkpoint.purge_requires_upload)
-    start_step, best_val, resumed_from = 0, math.inf, None
-    if config.checkpoint.resume and (loaded := load_latest(checkpoints, model, optimizer)) is not None:
-        resumed_from = loaded["step"]
-        start_step = resumed_from + 1
-        best = best_checkpoint(checkpoints)
-        best_val = best["val_loss"] if best else math.inf
-    run.start(resumed_from, config.steps)
-    val_sampler = build_sampler(config, paths, "val") if config.eval_every else None
+    def __init__(self, config: TrainConfig, ctx: Dist, run: RunLog, paths: list[Path], sampler: MixtureSampler):
+        self.config, self.ctx, self.run, self.sampler = config, ctx, run, sampler
+        model_config = config.model.build(vocab_size=sampler.sources[0].vocab_size)
+        self.model, self.optimizer = self._build_model(model_config)
 
-    delay = faults.data_delay(ctx.rank)
+        self.tokens_per_step = config.data.batch_size * config.data.seq_len * config.grad_accum * ctx.world_size
+        self.flops_per_step = flops_per_token(model_config, config.data.seq_len) * self.tokens_per_step
+        self.peak_flops = device_peak_flops(ctx.device, config.metrics.peak_flops)
 
-    def batch_fn(index: int):
-        if delay:
-            time.sleep(delay)
-        return sampler.batch(index, ctx.rank, ctx.world_size, config.data.batch_size)
+        self.checkpoints = Path(config.run_dir) / "checkpoints"
+        self.checkpoint_meta = {
+            "config": config.model_dump(mode="json"),
+            "tokenizer_sha256": sampler.sources[0].tokenizer_sha256,
+            "world_size": ctx.world_size,
+        }
+        self.checkpointer = Checkpointer(
+            self.checkpoints,
+            keep=config.checkpoint.keep,
+            async_save=config.checkpoint.async_save,
+            timeout_seconds=config.parallel.timeout_seconds,
+            purge_requires_upload=config.checkpoint.purge_requires_upload,
+        )
+        self.first_step, self.best_val = self._resume()
+        self.val_sampler = build_sampler(config, paths, "val") if config.eval_every else None
 
-    prefetcher = Prefetcher(batch_fn, range(start_step * config.grad_accum, config.steps * config.grad_accum),
-                            depth=config.data.prefetch, pin_memory=ctx.device.type == "cuda")
-    batches = iter(prefetcher)
-    mixture: Counter[int] = Counter()
-    losses: list[float] = []
-    nonfinite_in_a_row = 0
-    memory_logged = False
-    try:
-        for step in range(start_step, config.steps):
-            faults.maybe_inject(step, ctx.rank)
-            started = time.perf_counter()
-            lr = learning_rate(step, config.steps, config.optim)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            data_wait = 0.0
-            step_loss = torch.zeros((), device=ctx.device)
-            for micro in range(config.grad_accum):
-                _, batch, refs, waited = next(batches)
-                data_wait += waited
-                mixture.update(ref.source for ref in refs)
-                batch = batch.to(ctx.device, non_blocking=True)
-                last = micro == config.grad_accum - 1
-                sync = nullcontext() if last or config.parallel.mode != "ddp" else model.no_sync()
-                with sync, autocast_context(config.parallel, ctx):
-                    _, loss = model(batch[:, :-1], batch[:, 1:])
-                    (loss / config.grad_accum).backward()
-                step_loss += loss.detach() / config.grad_accum
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            mean_loss = all_reduce_mean(step_loss, ctx).item()
-            if not (math.isfinite(mean_loss) and math.isfinite(grad_norm.item())):
-                optimizer.zero_grad(set_to_none=True)
-                nonfinite_in_a_row += 1
-                if run.prometheus:
-                    run.prometheus.nonfinite.inc()
-                run.log.warning("nonfinite_step_skipped", step=step, loss=mean_loss, in_a_row=nonfinite_in_a_row)
-                if nonfinite_in_a_row >= config.max_nonfinite_steps:
-                    raise NonFiniteLossError(f"{nonfinite_in_a_row} non-finite steps in a row at step {step}; stopping")
-                continue
-            nonfinite_in_a_row = 0
-            optimizer.step()
-            if not memory_logged:  # the optimizer state exists from the first step on
-                run.record("memory", {"step": step, "rank": ctx.rank, **state_bytes(model, optimizer)})
-                memory_logged = True
-            optimizer.zero_grad(set_to_none=True)
-            step_seconds = time.perf_counter() - started
-            losses.append(mean_loss)
-            if step % config.log_every == 0 or step == config.steps - 1:
-                _log_step(run, ctx, step, mean_loss, grad_norm.item(), lr, step_seconds, data_wait,
-                          tokens_per_step, flops_per_step, peak_flops, mixture, sampler)
-            eval_now = val_sampler is not None and ((step + 1) % config.eval_every == 0 or step == config.steps - 1)
-            val_loss, improved = None, False
-            if eval_now:
-                val_loss = evaluate(model, val_sampler, config, ctx)
-                improved, best_val = val_loss < best_val, min(best_val, val_loss)
-                run.record("eval", {"step": step, "val_loss": val_loss,
-                                    "val_perplexity": math.exp(min(val_loss, 50.0)), "best_val_loss": best_val})
-                if run.prometheus:
-                    run.prometheus.val_loss.set(val_loss)
-            periodic = config.checkpoint.every and (step + 1) % config.checkpoint.every == 0
-            if step == config.steps - 1 or periodic or (improved and config.checkpoint.save_best):
-                stall = checkpointer.save(step, model, optimizer, meta, val_loss=val_loss, is_best=improved)
-                run.log.info("checkpoint_started", step=step, stall_seconds=round(stall, 4), best=improved)
-                if run.prometheus:
-                    run.prometheus.checkpoint_stall.set(stall)
-            checkpointer.poll()
-            run.checkpoint_committed(checkpointer.last_committed_step)
-        checkpointer.close()
-        run.checkpoint_committed(checkpointer.last_committed_step)
-    finally:
-        prefetcher.close()
-    return losses
+        self.mixture: Counter[int] = Counter()  # sequences drawn per source, this attempt
+        self.nonfinite_in_a_row = 0
+        self.memory_logged = False
 
+    def _build_model(self, model_config: GPTConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        ctx = self.ctx
+        torch.manual_seed(self.config.seed)  # same initial weights on every rank
+        model = GPT(model_config).to(ctx.device)
+        n_params = model.num_params()
+        model = parallelize(model, self.config.parallel, ctx)
+        optimizer = build_optimizer(model, self.config.optim, fused=ctx.device.type == "cuda")
+        self.run.log.info(
+            "train_start",
+            params=n_params,
+            world_size=ctx.world_size,
+            mode=self.config.parallel.mode,
+            device=str(ctx.device),
+            model=model_config.model_dump(),
+        )
+        return model, optimizer
 
-def _log_step(run: Run, ctx: Dist, step: int, loss: float, grad_norm: float, lr: float, step_seconds: float,
-              data_wait: float, tokens_per_step: int, flops_per_step: float, peak_flops: float | None,
-              mixture: Counter, sampler: MixtureSampler) -> None:
-    counts = [float(mixture[i]) for i in range(len(sampler.sources))]
-    per_rank = gather_rank_figures([step_seconds, data_wait, float(peak_memory_bytes(ctx.device)), *counts], ctx)
-    if not ctx.is_main:
-        return
-    ranks = [{"step_seconds": r[0], "data_wait_seconds": r[1], "peak_memory_bytes": int(r[2])} for r in per_rank]
-    totals = [sum(r[3 + i] for r in per_rank) for i in range(len(sampler.sources))]
-    flops_per_second = flops_per_step / step_seconds
-    record = {"step": step, "timestamp": time.time(), "loss": loss, "grad_norm": grad_norm, "lr": lr,
-              "step_seconds": step_seconds, "data_wait_seconds": data_wait,
-              "tokens_per_second": tokens_per_step / step_seconds,
-              "flops_per_second": flops_per_second,
-              "mfu": flops_per_second / ctx.world_size / peak_flops if peak_flops else None,
-              "peak_memory_bytes": ranks[0]["peak_memory_bytes"],
-              "mixture": {s.name: c / max(sum(totals), 1) for s, c in zip(sampler.sources, totals, strict=True)},
-              "ranks": ranks}
-    run.record("step", record)
-    run.prometheus.observe_step(record, ranks)
+    def _resume(self) -> tuple[int, float]:
+        """Loads the newest committed checkpoint (if resuming) and records the attempt's start;
+        returns the first step to run and the best val loss so far."""
+        resumed_from, best_val = None, math.inf
+        if self.config.checkpoint.resume:
+            loaded = load_latest(self.checkpoints, self.model, self.optimizer)
+            if loaded is not None:
+                resumed_from = loaded["step"]
+                best = best_checkpoint(self.checkpoints)
+                best_val = best["val_loss"] if best else math.inf
+        self.run.start(resumed_from, self.config.steps)
+        return (0 if resumed_from is None else resumed_from + 1), best_val
+
+    def train(self) -> list[float]:
+        """Runs the steps; returns their all-rank mean losses (a skipped non-finite step has none)."""
+        config = self.config
+        losses: list[float] = []
+        prefetcher = self._prefetcher()
+        batches = iter(prefetcher)
+        try:
+            for step in range(self.first_step, config.steps):
+                faults.maybe_inject(step, self.ctx.rank)
+                started = time.perf_counter()
+                result = self.train_step(step, batches)
+                if result is None:  # skipped: no log, eval or checkpoint for this step
+                    continue
+                step_seconds = time.perf_counter() - started
+                losses.append(result.loss)
+                if step % config.log_every == 0 or step == config.steps - 1:
+                    self._log_step(step, result, step_seconds)
+                val_loss, improved = self._evaluate_if_due(step)
+                self._checkpoint(step, val_loss, improved)
+            self.checkpointer.close()
+            self.run.checkpoint_committed(self.checkpointer.last_committed_step)
+        finally:
+            prefetcher.close()
+        return losses
+
+    def _prefetcher(self) -> Prefetcher:
+        """Micro-batches from the first step's on: batch index = step * grad_accum + micro-batch."""
+        config, ctx = self.config, self.ctx
+        delay = faults.data_delay(ctx.rank)
+
+        def batch_fn(index: int):
+            if delay:
+                time.sleep(delay)
+            return self.sampler.batch(index, ctx.rank, ctx.world_size, config.data.batch_size)
+
+        indices = range(self.first_step * config.grad_accum, config.steps * config.grad_accum)
+        return Prefetcher(batch_fn, indices, depth=config.data.prefetch, pin_memory=ctx.device.type == "cuda")
+
+    def train_step(self, step: int, batches: Batches) -> StepResult | None:
+        """One optimizer step over the next config.grad_accum micro-batches: forward/backward,
+        clip, step. None when the loss or gradient norm is not finite: the step is skipped."""
+        lr = learning_rate(step, self.config.steps, self.config.optim)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        data_wait = 0.0
+        step_loss = torch.zeros((), device=self.ctx.device)
+        for micro in range(self.config.grad_accum):
+            batch, waited = self._next_batch(batches)
+            data_wait += waited
+            step_loss += self.forward_backward(batch, last=micro == self.config.grad_accum - 1)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP: each rank holds its shards' part
+            norm = norm.full_tensor()
+        loss = all_reduce_mean(step_loss, self.ctx).item()
+        grad_norm = norm.item()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self._skip_nonfinite(step, loss)
+            return None
+        self.nonfinite_in_a_row = 0
+        self.optimizer.step()
+        if not self.memory_logged:  # the optimizer state exists from the first step on
+            self.run.record("memory", {"step": step, "rank": self.ctx.rank, **state_bytes(self.model, self.optimizer)})
+            self.memory_logged = True
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss=loss, grad_norm=grad_norm, lr=lr, data_wait=data_wait)
+
+    def _next_batch(self, batches: Batches) -> tuple[torch.Tensor, float]:
+        """The next micro-batch on the device, and the seconds spent waiting for it."""
+        _, batch, refs, waited = next(batches)
+        self.mixture.update(ref.source for ref in refs)
+        return batch.to(self.ctx.device, non_blocking=True), waited
+
+    def forward_backward(self, batch: torch.Tensor, *, last: bool) -> torch.Tensor:
+        """One micro-batch's gradients, accumulated; returns its loss share (loss / grad_accum, detached).
+        Under DDP the gradients are all-reduced on the step's last micro-batch only."""
+        sync = nullcontext() if last or self.config.parallel.mode != "ddp" else self.model.no_sync()
+        with sync, autocast_context(self.config.parallel, self.ctx):
+            _, loss = self.model(batch[:, :-1], batch[:, 1:])
+            (loss / self.config.grad_accum).backward()
+        return loss.detach() / self.config.grad_accum
+
+    def _skip_nonfinite(self, step: int, loss: float) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_in_a_row += 1
+        if self.run.prometheus:
+            self.run.prometheus.nonfinite.inc()
+        self.run.log.warning("nonfinite_step_skipped", step=step, loss=loss, in_a_row=self.nonfinite_in_a_row)
+        if self.nonfinite_in_a_row >= self.config.max_nonfinite_steps:
+            raise NonFiniteLossError(f"{self.nonfinite_in_a_row} non-finite steps in a row at step {step}; stopping")
+
+    def _log_step(self, step: int, result: StepResult, step_seconds: float) -> None:
+        """The step record (rank 0), with every rank's timings and memory (a collective: all ranks call it)."""
+        ctx, sources = self.ctx, self.sampler.sources
+        counts = [float(self.mixture[i]) for i in range(len(sources))]
+        figures = [step_seconds, result.data_wait, float(peak_memory_bytes(ctx.device)), *counts]
+        per_rank = gather_rank_figures(figures, ctx)
+        if not ctx.is_main:
+            return
+        ranks = [{"step_seconds": r[0], "data_wait_seconds": r[1], "peak_memory_bytes": int(r[2])} for r in per_rank]
+        totals = [sum(r[3 + i] for r in per_rank) for i in range(len(sources))]
+        flops_per_second = self.flops_per_step / step_seconds
+        record = {
+            "step": step,
+            "timestamp": time.time(),
+            "loss": result.loss,
+            "grad_norm": result.grad_norm,
+            "lr": result.lr,
+            "step_seconds": step_seconds,
+            "data_wait_seconds": result.data_wait,
+            "tokens_per_second": self.tokens_per_step / step_seconds,
+            "flops_per_second": flops_per_second,
+            "mfu": flops_per_second / ctx.world_size / self.peak_flops if self.peak_flops else None,
+            "peak_memory_bytes": ranks[0]["peak_memory_bytes"],
+            "mixture": {s.name: c / max(sum(totals), 1) for s, c in zip(sources, totals, strict=True)},
+            "ranks": ranks,
+        }
+        self.run.record("step", record)
+        self.run.prometheus.observe_step(record, ranks)
+
+    def _evaluate_if_due(self, step: int) -> tuple[float | None, bool]:
+        """The val loss when an eval is due after `step` (every eval_every steps, and the last),
+        and whether it is the best so far; (None, False) otherwise."""
+        last = step == self.config.steps - 1
+        if self.val_sampler is None or not ((step + 1) % self.config.eval_every == 0 or last):
+            return None, False
+        val_loss = evaluate(self.model, self.val_sampler, self.config, self.ctx)
+        improved, self.best_val = val_loss < self.best_val, min(self.best_val, val_loss)
+        self.run.record(
+            "eval",
+            {
+                "step": step,
+                "val_loss": val_loss,
+                "val_perplexity": math.exp(min(val_loss, 50.0)),
+                "best_val_loss": self.best_val,
+            },
+        )
+        if self.run.prometheus:
+            self.run.prometheus.val_loss.set(val_loss)
+        return val_loss, improved
+
+    def _checkpoint(self, step: int, val_loss: float | None, improved: bool) -> None:
+        """Starts a save when one is due (the last step, every checkpoint.every steps, a new best
+        val loss), then records any save that has committed since."""
+        config = self.config.checkpoint
+        periodic = config.every and (step + 1) % config.every == 0
+        if step == self.config.steps - 1 or periodic or (improved and config.save_best):
+            stall = self.checkpointer.save(
+                step, self.model, self.optimizer, self.checkpoint_meta, val_loss=val_loss, is_best=improved
+            )
+            self.run.log.info("checkpoint_started", step=step, stall_seconds=round(stall, 4), best=improved)
+            if self.run.prometheus:
+                self.run.prometheus.checkpoint_stall.set(stall)
+        self.checkpointer.poll()
+        self.run.checkpoint_committed(self.checkpointer.last_committed_step)

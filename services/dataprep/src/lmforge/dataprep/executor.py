@@ -1,0 +1,110 @@
+"""Executors run a phase's tasks (tasks.py), each task once, and hand every result to a
+callback as it completes. A local run uses InlineExecutor (one process) or PoolExecutor (spawned
+processes on this machine); across machines, Indexed-Job pods and KFP workers each take their
+slice of the same task list instead (runner.worker_slice), and run it with one of these."""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lmforge.common.storage import Store, open_store
+from lmforge.dataprep.config import DataprepConfig
+from lmforge.dataprep.tasks import Task
+
+OnResult = Callable[[Any], None]
+
+
+class Executor(Protocol):
+    def run(self, tasks: Sequence[Task], on_result: OnResult) -> list:
+        """Run every task; call on_result with each result as it completes; return the results
+        (in completion order). The first task that fails stops the rest and is raised."""
+        ...
+
+
+@dataclass
+class InlineExecutor:
+    """The tasks one after the other, in this process."""
+
+    store: Store
+    config: DataprepConfig
+
+    def run(self, tasks: Sequence[Task], on_result: OnResult) -> list:
+        results = []
+        for task in tasks:
+            result = task.run(self.store, self.config)
+            results.append(result)
+            on_result(result)
+        return results
+
+
+@dataclass
+class PoolExecutor:
+    """The tasks spread over up to `processes` spawned processes (one task runs inline: no pool
+    to start). Each pool process opens the store and reads the config once, when it starts."""
+
+    store: Store
+    config: DataprepConfig
+    processes: int
+
+    def run(self, tasks: Sequence[Task], on_result: OnResult) -> list:
+        if len(tasks) <= 1:
+            return InlineExecutor(self.store, self.config).run(tasks, on_result)
+        results = []
+        with ProcessPoolExecutor(max_workers=min(self.processes, len(tasks)),
+                                 mp_context=multiprocessing.get_context("spawn"), initializer=_init_pool_process,
+                                 initargs=(self.store.uri, self.config.model_dump_json(), os.getpid())) as pool:
+            futures = [pool.submit(_run_in_pool_process, task) for task in tasks]
+            try:
+                for future in as_completed(futures):
+                    result = future.result()
+                    results.append(result)
+                    on_result(result)
+            except BaseException:
+                # one task failed (a full disk fails them all): stop, do not start the queued ones
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+        return results
+
+
+def local_executor(store: Store, config: DataprepConfig, processes: int) -> Executor:
+    return InlineExecutor(store, config) if processes <= 1 else PoolExecutor(store, config, processes)
+
+
+# ------------------------------------------------------------------ inside a pool process
+
+# The one piece of per-process state: a pool process's store and config, set once by the pool's
+# initializer so a task pickles only its own fields and the store is not reopened per task. Only
+# spawned pool processes set it; the process that runs the phases never does.
+_pool_process: tuple[Store, DataprepConfig] | None = None
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _init_pool_process(output: str, config_json: str, parent_pid: int) -> None:
+    global _pool_process
+    _die_with_parent(parent_pid)
+    _pool_process = open_store(output), DataprepConfig.model_validate_json(config_json)
+
+
+def _run_in_pool_process(task: Task):
+    store, config = _pool_process
+    return task.run(store, config)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this pool process die when the process that started it does, even by SIGKILL: an
+    orphaned worker would go on writing into an output directory that a rerun may already be
+    writing to. Linux: the parent-death signal; elsewhere the pool's own EOF check remains."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
