@@ -1,5 +1,5 @@
 """Axis scales for the inline SVG charts of lmforge's self-contained HTML pages (the training
-report, the demo's dashboards page)."""
+report, the demo's dashboards page): round ticks, the y range, the digits a tick label needs."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ def y_range(values: list[float], pad: float = 0.05) -> tuple[float, float]:
         return lo - margin, hi + margin
     margin = (hi - lo) * pad
     return (0.0 if lo >= 0 and lo - margin < 0 else lo - margin), hi + margin
+
+
+def tick_digits(ticks: list[float], least: int = 3) -> int:
+    """Significant digits that write `ticks` apart: from the largest tick's magnitude down to
+    the step's (5,000 and 5,005 need four), and at least `least`."""
+    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else 0.0
+    top = max((abs(t) for t in ticks), default=0.0)
+    if step == 0 or top == 0:
+        return least
+    return max(least, math.floor(math.log10(top)) - math.floor(math.log10(step)) + 1)
