@@ -1,7 +1,15 @@
+import io
+import json
+import os
+
 import pytest
 
 from lmforge.common.errors import InputError
+from lmforge.common.logging import configure_logging
 from lmforge.common.storage import LocalStore, S3Store, atomic_open, expand_inputs, open_input, open_store
+from tests.uploader.fault_proxy import FaultProxy
+
+MIB = 1 << 20
 
 
 def test_local_store_atomic_write(tmp_path):
@@ -54,3 +62,29 @@ def test_s3_store_and_inputs(s3):
     assert store.exists("work/a.json") and not store.exists("work/b.json")
     assert store.list("work") == ["work/a.json"]
     assert store.local_path("work/a.json").read_text() == "{}"
+
+
+def test_s3_store_writes_verified_parts_and_retries_each_request_once_per_fault(s3, s3_endpoint, monkeypatch):
+    """S3Store goes through lmforge.common.s3: multipart with a CRC32C per part, and every faulted
+    request retried by the one retry policy alone (botocore's retries are off: one retry line per fault)."""
+    _, make_bucket = s3
+    direct = make_bucket("lmf-faults")
+    data = os.urandom(20 * MIB)  # three parts of 8 MiB
+    stream = io.StringIO()
+    configure_logging("INFO", stream=stream)
+    with FaultProxy(s3_endpoint, error_500=0.15, slow_down=0.15, reset=0.1, seed=3) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        store = open_store("s3://lmf-faults/run")
+        store.write_bytes("big.bin", data)
+        store.write_text("small.json", "{}")
+        assert store.list() == ["big.bin", "small.json"]
+        assert store.local_path("big.bin").read_bytes() == data
+        faults = proxy.stats
+    injected = faults["error_500"] + faults["slow_down"] + faults["reset"]
+    retries = [json.loads(line) for line in stream.getvalue().splitlines() if '"retrying"' in line]
+    assert injected >= 2 and len(retries) == injected, (faults, retries)
+    assert {r["service"] for r in retries} == {"storage"}
+    attributes = direct.get_object_attributes(Bucket="lmf-faults", Key="run/big.bin", ObjectAttributes=["Checksum"])
+    assert attributes["Checksum"]["ChecksumType"] == "COMPOSITE" and attributes["Checksum"]["ChecksumCRC32C"]
+    assert direct.get_object(Bucket="lmf-faults", Key="run/small.json")["Body"].read() == b"{}"
+    assert not direct.list_multipart_uploads(Bucket="lmf-faults").get("Uploads")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import random
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from lmforge.common.errors import InputError
 from lmforge.common.logging import JsonLineFormatter
 from lmforge.dataprep import fetch
 from lmforge.dataprep.fetch import fetch_crawl
-from lmforge.dataprep.sample_data import write_sample_wet
+from lmforge.sample_data.wet import write_sample_wet
 
 CRAWL = "CC-MAIN-2024-22"
 SEGMENT = f"crawl-data/{CRAWL}/segments/1715971057216.39/wet"
@@ -251,13 +253,16 @@ def test_complete_partial_file_answered_with_416_is_kept(server, crawl_files, tm
 
 
 def test_server_errors_are_retried_with_backoff(server, crawl_files, tmp_path, monkeypatch):
-    sleeps = []
-    monkeypatch.setattr(fetch, "BACKOFF_BASE_S", 0.5)
-    monkeypatch.setattr(fetch, "sleep", sleeps.append)
+    monkeypatch.setattr(fetch, "BACKOFF_BASE_S", 0.05)
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # each jittered wait: the top of its window
     server.failures = [503, 500, 502]
-    paths = fetch_crawl(CRAWL, 1, tmp_path, base_url=server.base_url, log=RecordingLog())
+    log = RecordingLog()
+    started = time.monotonic()
+    paths = fetch_crawl(CRAWL, 1, tmp_path, base_url=server.base_url, log=log)
     assert paths[0].read_bytes() == crawl_files[WET_PATHS[0]]
-    assert sleeps == [0.5, 1.0, 2.0]
+    waits = [fields["retry_in_seconds"] for name, fields in log.events if name == "fetch_retry"]
+    assert waits == [0.05, 0.1, 0.2]
+    assert time.monotonic() - started >= sum(waits)
 
 
 def test_persistent_server_errors_give_up_after_bounded_attempts(server, tmp_path):

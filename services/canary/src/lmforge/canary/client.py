@@ -1,7 +1,8 @@
 """HTTP client of the deployed inference endpoint (lmforge-serve's OpenAI-compatible API).
 
-Connection errors, timeouts, 429 and 5xx are retried with exponential backoff (Retry-After
-honoured, capped); what is left maps onto the CLI's exit codes:
+Connection errors, timeouts, 429 and 5xx are retried by the one retry policy
+(lmforge.common.retry: exponential backoff with full jitter, Retry-After honoured, capped);
+what is left maps onto the CLI's exit codes:
 - unreachable, or still failing after the retries: EndpointError (exit 4);
 - 401/403 (missing or wrong API key), or a model the endpoint does not serve: ConfigError (2);
 - 400/422 for one eval item (a text or prompt that does not fit the model): InputError (3)."""
@@ -9,7 +10,6 @@ honoured, capped); what is left maps onto the CLI's exit codes:
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import httpx
 from lmforge.canary.config import HttpSection
 from lmforge.common.errors import ConfigError, InputError, LmforgeError
 from lmforge.common.logging import get_logger
+from lmforge.common.retry import RetryPolicy, describe
 
 API_KEY_ENV = "LMFORGE_CANARY_API_KEY"
 RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -54,6 +55,15 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:300] or response.reason_phrase
 
 
+def _retry_after(exc: BaseException) -> float | None:
+    """The server's Retry-After (seconds) on a retried status."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        retry_after = exc.response.headers.get("retry-after", "")
+        if retry_after.isdigit():
+            return float(retry_after)
+    return None
+
+
 class InferenceClient:
     def __init__(self, endpoint: str, http: HttpSection, api_key: str | None = None, model: str | None = None):
         self.endpoint = endpoint.rstrip("/")
@@ -77,34 +87,27 @@ class InferenceClient:
 
     # -- transport --------------------------------------------------------------------------
 
-    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
-        delay = self.http.backoff_seconds * (2 ** (attempt - 1))
-        if response is not None:
-            retry_after = response.headers.get("retry-after", "")
-            if retry_after.isdigit():
-                delay = max(delay, float(retry_after))
-        return min(delay, self.http.backoff_max_seconds)
+    def _send(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """One try; a retried status (429, 5xx) raises httpx.HTTPStatusError."""
+        response = self.client.request(method, path, **kwargs)
+        if response.status_code in RETRIED_STATUS:
+            raise httpx.HTTPStatusError(f"HTTP {response.status_code}: {_error_message(response)}",
+                                        request=response.request, response=response)
+        return response
 
     def request(self, method: str, path: str, item: str | None = None, **kwargs) -> Any:
         """The JSON body of a 2xx answer; see the module docstring for the errors."""
         url = f"{self.endpoint}{path}"
-        for attempt in range(1, self.http.attempts + 1):
-            response = problem = None
-            try:
-                response = self.client.request(method, path, **kwargs)
-            except httpx.HTTPError as exc:  # connection refused, DNS, timeouts, broken connections
-                problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            else:
-                if response.status_code not in RETRIED_STATUS:
-                    break
-                problem = f"HTTP {response.status_code}: {_error_message(response)}"
-            if attempt == self.http.attempts:
-                if response is None:
-                    raise EndpointError(f"cannot reach {url} after {attempt} attempt(s): {problem}")
-                raise EndpointError(f"{method} {url} failed after {attempt} attempt(s): {problem}")
-            delay = self._delay(attempt, response)
-            log.warning("request_retry", url=url, attempt=attempt, error=problem, retry_in_seconds=round(delay, 3))
-            time.sleep(delay)
+        retry = RetryPolicy(self.http.attempts, self.http.backoff_seconds, self.http.backoff_max_seconds,
+                            retryable=lambda exc: isinstance(exc, httpx.HTTPError), wait_at_least=_retry_after,
+                            log=log, event="request_retry")
+        try:
+            # httpx.HTTPError: connection refused, DNS, timeouts, broken connections, a retried status
+            response = retry.call(f"{method} {url}", lambda: self._send(method, path, **kwargs), url=url)
+        except httpx.HTTPStatusError as exc:
+            raise EndpointError(f"{method} {url} failed after {retry.attempts} attempt(s): {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise EndpointError(f"cannot reach {url} after {retry.attempts} attempt(s): {describe(exc)}") from exc
         status = response.status_code
         if status in (401, 403):
             raise ConfigError(f"{url}: HTTP {status}: {_error_message(response)} (pass the key with --api-key-file "

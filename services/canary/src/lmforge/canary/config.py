@@ -30,7 +30,7 @@ class HttpSection(StrictModel):
     connect_timeout_seconds: float = Field(5.0, gt=0)
     read_timeout_seconds: float = Field(60.0, gt=0, description="per request (a completion included)")
     attempts: int = Field(4, ge=1, description="tries per request on connection errors, 429 and 5xx")
-    backoff_seconds: float = Field(0.5, ge=0, description="first retry delay; doubles each retry")
+    backoff_seconds: float = Field(0.5, ge=0, description="first retry delay; doubles, with full jitter")
     backoff_max_seconds: float = Field(10.0, ge=0, description="cap on one retry delay (Retry-After included)")
 
 

@@ -25,8 +25,11 @@ from lmforge.canary.evaluate import EvalResult
 from lmforge.common.errors import LmforgeError
 from lmforge.common.logging import get_logger
 from lmforge.common.metrics import new_registry
+from lmforge.common.retry import RetryPolicy, describe
 
 log = get_logger("canary")
+PUSH_BACKOFF_SECONDS = 0.5  # the first retry's wait at most; doubles, with full jitter
+PUSH_BACKOFF_MAX_SECONDS = 5.0
 
 
 class PushError(LmforgeError):
@@ -63,18 +66,13 @@ def grouping_key(model: str, push: PushSection) -> dict[str, str]:
 def push(gateway: str, registry, model: str, config: PushSection) -> dict[str, str]:
     """PUT the registry to the Pushgateway, retrying; returns the grouping key. Raises PushError."""
     key, gateway = grouping_key(model, config), gateway.rstrip("/")
-    for attempt in range(1, config.attempts + 1):
-        try:
-            push_to_gateway(gateway, job=config.job, registry=registry, grouping_key=key,
-                            timeout=config.timeout_seconds)
-            return key
-        except Exception as exc:  # URLError, HTTPError, OSError, timeouts: all mean "not pushed"
-            problem = f"{type(exc).__name__}: {exc}"
-            if attempt == config.attempts:
-                raise PushError(f"cannot push to the Pushgateway {gateway} after {attempt} attempt(s): "
-                                f"{problem}") from exc
-            delay = min(0.5 * 2 ** (attempt - 1), 5.0)
-            log.warning("push_retry", pushgateway=gateway, attempt=attempt, error=problem,
-                        retry_in_seconds=delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+    # Every error (URLError, HTTPError, OSError, timeouts) means "not pushed": all are retried.
+    retry = RetryPolicy(config.attempts, PUSH_BACKOFF_SECONDS, PUSH_BACKOFF_MAX_SECONDS, log=log, event="push_retry")
+    try:
+        retry.call(f"push to {gateway}", lambda: push_to_gateway(
+            gateway, job=config.job, registry=registry, grouping_key=key, timeout=config.timeout_seconds),
+            pushgateway=gateway)
+    except Exception as exc:
+        raise PushError(f"cannot push to the Pushgateway {gateway} after {config.attempts} attempt(s): "
+                        f"{describe(exc)}") from exc
+    return key

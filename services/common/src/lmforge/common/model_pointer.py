@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from lmforge.common.errors import InputError, StorageError
-from lmforge.common.storage import S3Location, atomic_write_bytes, local_path_of, s3_client, scheme_of
+from lmforge.common.s3 import S3Bucket
+from lmforge.common.storage import S3Location, atomic_write_bytes, local_path_of, scheme_of
 
 KIND = "lmforge-model-pointer"
 HISTORY = 10  # earlier values kept for rollback
@@ -66,34 +67,28 @@ def _pointer_of(body, where: str) -> ModelPointer:
                         tuple(_pointer_of(p, f"{where} (previous)").without_previous() for p in previous))
 
 
-_clients: dict[tuple, object] = {}
-_clients_lock = threading.Lock()
+_buckets: dict[tuple, S3Bucket] = {}
+_buckets_lock = threading.Lock()
 
 
-def _client(bucket: str):
-    """A reused S3 client per bucket and endpoint (a follower reads its pointer every few seconds)."""
+def _bucket(bucket: str) -> S3Bucket:
+    """One S3Bucket (one client) per bucket and endpoint, reused: a follower reads its pointer every few seconds."""
     key = (bucket, *(os.environ.get(name) for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE")))
-    with _clients_lock:
-        if key not in _clients:
-            _clients[key] = s3_client(bucket)
-        return _clients[key]
+    with _buckets_lock:
+        if key not in _buckets:
+            _buckets[key] = S3Bucket(bucket)
+        return _buckets[key]
 
 
 def _read(uri: str) -> bytes | None:
     """The bytes of the object or file at `uri`; None when there is none (or it is a directory)."""
     if scheme_of(uri) == "s3":
-        from botocore.exceptions import ClientError
-
         location = S3Location.parse(uri.rstrip("/"))
         if not location.key:  # a bucket: a package at its root, not an object
             return None
         try:
-            return _client(location.bucket).get_object(Bucket=location.bucket, Key=location.key)["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
-                return None
-            raise StorageError(f"cannot read {uri}: {exc}") from exc
-        except Exception as exc:  # connection errors, timeouts
+            return _bucket(location.bucket).get_bytes(location.key)  # None: no such object
+        except Exception as exc:  # denied, missing bucket, or still failing after the retries
             raise StorageError(f"cannot read {uri}: {exc}") from exc
     if scheme_of(uri) != "file":
         raise InputError(f"{uri}: a model pointer is a local file or an s3:// object")
@@ -125,8 +120,7 @@ def write_pointer(uri: str, pointer: ModelPointer) -> None:
     if scheme_of(uri) == "s3":
         location = S3Location.parse(uri.rstrip("/"))
         try:
-            _client(location.bucket).put_object(Bucket=location.bucket, Key=location.key, Body=data,
-                                                ContentType="application/json")
+            _bucket(location.bucket).put_bytes(location.key, data, content_type="application/json")
         except Exception as exc:
             raise StorageError(f"cannot write {uri}: {exc}") from exc
         return

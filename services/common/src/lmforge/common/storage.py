@@ -4,6 +4,9 @@ Two kinds of use:
 - `open_input(uri)` streams one input (WET file, listing) from any of the three;
 - a `Store` is an output root (a local directory or an s3:// prefix) with atomic writes:
   a reader never sees a half-written file, and a failed write leaves nothing behind.
+
+Every s3:// request goes through lmforge.common.s3 (verified multipart uploads, parallel ranged
+downloads, the one retry policy).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from typing import BinaryIO
 from urllib.parse import urlparse
 
 from lmforge.common.errors import InputError, StorageError
+from lmforge.common.s3 import S3Bucket
 
-PUBLIC_ANONYMOUS_BUCKETS = frozenset({"commoncrawl"})
 HTTP_TIMEOUT_S = 60
 # write() and flush() fail with these without naming the file (a full disk, a quota, a size limit)
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
@@ -55,21 +58,6 @@ def scheme_of(uri: str) -> str:
 
 def local_path_of(uri: str) -> Path:
     return Path(urlparse(uri).path) if uri.startswith("file://") else Path(uri)
-
-
-def s3_client(bucket: str | None = None, endpoint_url: str | None = None, **config):
-    """A boto3 S3 client. Credentials come from the standard AWS chain; the endpoint
-    from the argument or AWS_ENDPOINT_URL(_S3). Public buckets are read unsigned.
-    `config` overrides botocore Config fields (retries, timeouts, pool size, s3 options)."""
-    import boto3
-    from botocore import UNSIGNED
-    from botocore.config import Config
-
-    anonymous = bucket in PUBLIC_ANONYMOUS_BUCKETS and os.environ.get("LMFORGE_S3_ANONYMOUS", "1") != "0"
-    settings = {"retries": {"max_attempts": 8, "mode": "adaptive"},
-                "signature_version": UNSIGNED if anonymous else None, **config}
-    # A session per client: boto3's default session is not safe to share across threads.
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=Config(**settings))
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -110,10 +98,7 @@ def _expand_s3(pattern: str) -> list[str]:
     if not glob.has_magic(loc.key):
         return [pattern]
     prefix = loc.key[: min(loc.key.index(c) for c in "*?[" if c in loc.key)]
-    client = s3_client(loc.bucket)
-    keys = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix):
-        keys.extend(obj["Key"] for obj in page.get("Contents", []))
+    keys = S3Bucket(loc.bucket).listing(prefix)
     matches = [f"s3://{loc.bucket}/{k}" for k in sorted(keys) if fnmatch.fnmatchcase(k, loc.key)]
     if not matches:
         raise InputError(f"input pattern matched no objects: {pattern}")
@@ -129,8 +114,7 @@ def open_input(uri: str) -> BinaryIO:
             return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - http(s) only here
         if scheme == "s3":
             loc = S3Location.parse(uri)
-            body = s3_client(loc.bucket).get_object(Bucket=loc.bucket, Key=loc.key)["Body"]
-            return body  # botocore StreamingBody: read(n), close()
+            return S3Bucket(loc.bucket).open_stream(loc.key)  # botocore StreamingBody: read(n), close()
         return open(local_path_of(uri), "rb")
     except (OSError, urllib.error.URLError) as exc:
         raise InputError(f"cannot open input {uri}: {exc}") from exc
@@ -229,51 +213,50 @@ class LocalStore(Store):
 
 
 class S3Store(Store):
+    """An s3:// prefix. Writes are uploaded by lmforge.common.s3 (CRC32C per part, checked by S3)."""
+
     def __init__(self, uri: str, cache_dir: str | Path | None = None):
         loc = S3Location.parse(uri.rstrip("/") + "/")
         self.bucket, self.prefix = loc.bucket, loc.key
         self.uri = uri.rstrip("/")
-        self.client = s3_client(self.bucket)
+        self.objects = S3Bucket(self.bucket)
         self.cache_dir = Path(cache_dir or tempfile.mkdtemp(prefix="lmforge-s3cache-"))
 
     def _key(self, rel: str) -> str:
         return self.prefix + rel
 
     def exists(self, rel: str) -> bool:
-        from botocore.exceptions import ClientError
-
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(rel))
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
-                return False
+            return self.objects.size_of(self._key(rel)) is not None
+        except Exception as exc:
             raise StorageError(f"cannot stat {self.join(rel)}: {exc}") from exc
 
     def read_bytes(self, rel: str) -> bytes:
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(rel))["Body"].read()
+            data = self.objects.get_bytes(self._key(rel))
         except Exception as exc:
             raise StorageError(f"cannot read {self.join(rel)}: {exc}") from exc
+        if data is None:
+            raise StorageError(f"cannot read {self.join(rel)}: no such object")
+        return data
 
     @contextlib.contextmanager
     def open_write(self, rel: str) -> Iterator[BinaryIO]:
-        # S3 PUTs are atomic; spool to a local temp file so large objects use multipart upload.
+        # S3 PUTs are atomic; spool to a local temp file so large objects go up in parts.
         with tempfile.NamedTemporaryFile(prefix=".tmp-", dir=self.cache_dir, delete=True) as tmp:
             yield tmp
             tmp.flush()
             try:
-                self.client.upload_file(tmp.name, self.bucket, self._key(rel))
+                self.objects.upload_file(Path(tmp.name), self._key(rel))
             except Exception as exc:
                 raise StorageError(f"cannot write {self.join(rel)}: {exc}") from exc
 
     def list(self, prefix: str = "") -> list[str]:
-        keys = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self._key(prefix)
-        ):
-            keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
-        return sorted(keys)
+        try:
+            keys = self.objects.listing(self._key(prefix))
+        except Exception as exc:
+            raise StorageError(f"cannot list {self.join(prefix)}: {exc}") from exc
+        return sorted(key[len(self.prefix) :] for key in keys)
 
     def local_path(self, rel: str) -> Path:
         target = self.cache_dir / rel
@@ -281,8 +264,9 @@ class S3Store(Store):
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".tmp-{target.name}")
             try:
-                self.client.download_file(self.bucket, self._key(rel), str(tmp))
+                self.objects.download(self._key(rel), tmp)
             except Exception as exc:
+                tmp.unlink(missing_ok=True)
                 raise StorageError(f"cannot download {self.join(rel)}: {exc}") from exc
             os.replace(tmp, target)
         return target

@@ -8,8 +8,9 @@ data.commoncrawl.org) a transfer cut short stays in `<name>.part` and the next a
 or the next run, continues it with an HTTP Range request. A file only gets its final
 name once its gzip stream reads through to the end (and its size matches Content-Length),
 so a rerun skips every finished file and downloads nothing twice. From s3:// the object
-is fetched with boto3 (which does its own ranged, retried transfer) into `.part`, then
-checked and renamed the same way.
+is fetched by lmforge.common.s3 (parallel ranged GETs, each retried) into `.part`, then
+checked and renamed the same way. A failed attempt at a file is retried by the one retry
+policy (lmforge.common.retry): MAX_ATTEMPTS tries, waits of full jitter under a doubling cap.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import urllib.error
 import urllib.request
 import zlib
 from pathlib import Path, PurePosixPath
-from time import monotonic, sleep
+from time import monotonic
 
-from lmforge.common.errors import InputError
+from lmforge.common.errors import InputError, StorageError
 from lmforge.common.logging import StructLogger, get_logger
-from lmforge.common.storage import HTTP_TIMEOUT_S, S3Location, s3_client
+from lmforge.common.retry import RetryPolicy
+from lmforge.common.s3 import S3Bucket, error_code
+from lmforge.common.storage import HTTP_TIMEOUT_S, S3Location
 
 DEFAULT_BASE_URL = "https://data.commoncrawl.org"
 LISTING_NAME = "wet.paths.gz"
@@ -35,7 +38,7 @@ USER_AGENT = "lmforge-dataprep/0.1 (fetch)"
 CHUNK_BYTES = 1 << 20
 
 MAX_ATTEMPTS = 5
-BACKOFF_BASE_S = 1.0  # waits 1, 2, 4, 8 s between the 5 attempts
+BACKOFF_BASE_S = 1.0  # waits of at most 1, 2, 4, 8 s between the 5 attempts
 BACKOFF_MAX_S = 30.0
 RETRYABLE_HTTP_STATUS = frozenset({408, 425, 429})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
@@ -129,17 +132,17 @@ def _fetch_file(source, rel: str, target: Path, log: StructLogger) -> None:
     resume_from = part.stat().st_size if part.exists() else 0
     log.info("fetch_started", url=url, file=str(target), resume_from=resume_from)
     started = monotonic()
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        try:
-            source.download(rel, part, log)
-            _verify_gzip(part)
-            break
-        except _TransientError as exc:
-            if attempt == MAX_ATTEMPTS:
-                raise InputError(f"cannot download {url} after {attempt} attempts: {exc}") from exc
-            delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
-            log.warning("fetch_retry", url=url, attempt=attempt, delay_s=delay, error=str(exc))
-            sleep(delay)
+    retry = RetryPolicy(MAX_ATTEMPTS, BACKOFF_BASE_S, BACKOFF_MAX_S, log=log, event="fetch_retry",
+                        retryable=lambda exc: isinstance(exc, _TransientError))
+
+    def attempt() -> None:
+        source.download(rel, part, log)
+        _verify_gzip(part)
+
+    try:
+        retry.call(f"download {url}", attempt, url=url)
+    except _TransientError as exc:
+        raise InputError(f"cannot download {url} after {MAX_ATTEMPTS} attempts: {exc}") from exc
     os.replace(part, target)
     log.info(
         "fetch_finished",
@@ -270,13 +273,13 @@ class _S3Source:
     def __init__(self, base_url: str):
         location = S3Location.parse(base_url.rstrip("/") + "/")
         self.bucket, self.prefix = location.bucket, location.key
-        self._client = None
+        self._objects: S3Bucket | None = None
 
     @property
-    def client(self):
-        if self._client is None:
-            self._client = s3_client(self.bucket)
-        return self._client
+    def objects(self) -> S3Bucket:
+        if self._objects is None:
+            self._objects = S3Bucket(self.bucket)
+        return self._objects
 
     def url_of(self, rel: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{rel}"
@@ -284,14 +287,19 @@ class _S3Source:
     def download(self, rel: str, part: Path, log: StructLogger) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        key = self.prefix + rel
         try:
-            self.client.download_file(self.bucket, self.prefix + rel, str(part))
+            size = self.objects.size_of(key)
+            if size is not None:
+                self.objects.download(key, part, size)
         except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
+            code = error_code(exc)
             if code in {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}:
                 raise InputError(f"not found: {self.url_of(rel)}") from exc
             if code in {"403", "AccessDenied"}:
                 raise InputError(f"access denied: {self.url_of(rel)}") from exc
             raise _TransientError(f"S3 error for {self.url_of(rel)}: {exc}") from exc
-        except BotoCoreError as exc:
+        except (BotoCoreError, StorageError) as exc:  # StorageError: a ranged GET came back short
             raise _TransientError(f"S3 error for {self.url_of(rel)}: {exc}") from exc
+        if size is None:
+            raise InputError(f"not found: {self.url_of(rel)}")

@@ -7,11 +7,15 @@ CACHE_ROOT/BUCKET/PREFIX/ before training, and `ShardSource` memory-maps the loc
   so a restarted pod downloads only what is missing;
 - every download goes to a temp file beside its target, is checked (size, sha256 from the manifest)
   and only then renamed into place.
+
+Downloads are lmforge.common.s3's parallel ranged GETs, each request retried by the one retry
+policy (lmforge.common.retry).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -20,20 +24,13 @@ from pathlib import Path, PurePosixPath
 
 from lmforge.common.errors import ConfigError, LmforgeError, ShardFormatError, StorageError
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import (
-    S3Location,
-    atomic_path,
-    atomic_write_bytes,
-    local_path_of,
-    s3_client,
-    scheme_of,
-    sha256_file,
-)
+from lmforge.common.s3 import S3Bucket, error_code
+from lmforge.common.storage import S3Location, atomic_path, atomic_write_bytes, local_path_of, scheme_of, sha256_file
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 FILE_WORKERS = 8  # files in flight; each worker also hashes its file
-PART_CONCURRENCY = 10  # parts in flight over all files: botocore's default connection pool size
+PART_CONCURRENCY = 10  # ranged GETs in flight over all files
 PROGRESS_EVERY_S = 10.0
 
 
@@ -64,28 +61,38 @@ def sync_source(uri: str, cache_root: Path, *, verify_sha256: bool = True) -> Pa
     dest = local_source_path(uri, cache_root)
     if scheme_of(uri) != "s3":
         return dest
-    from boto3.s3.transfer import TransferConfig, create_transfer_manager
-
     log = get_logger("trainer").bind(source=uri)
     started = time.perf_counter()
     loc = S3Location.parse(uri)
     prefix = "/".join(_safe_parts(loc.key, uri))
-    client = s3_client(loc.bucket)
-    raw_manifest = _get_manifest(client, loc.bucket, _key(prefix, MANIFEST), uri)
-    files = _plan(uri, raw_manifest, _list_sizes(client, loc.bucket, prefix))
+    bucket = S3Bucket(loc.bucket, concurrency=PART_CONCURRENCY)
+    try:
+        raw_manifest = _get_manifest(bucket, _key(prefix, MANIFEST), uri)
+        files = _plan(uri, raw_manifest, _list_sizes(bucket, prefix))
+        local_manifest = dest / MANIFEST
+        if local_manifest.exists() and local_manifest.read_bytes() != raw_manifest:
+            local_manifest.unlink()  # the source changed: this cache is incomplete until the sync below ends
+        log.info("data_sync_start", path=str(dest), files=len(files), bytes=sum(f.size for f in files))
+        downloaded, reused, done_bytes = _download_all(bucket, prefix, files, dest, verify_sha256, log)
+    finally:
+        bucket.close()
 
-    local_manifest = dest / MANIFEST
-    if local_manifest.exists() and local_manifest.read_bytes() != raw_manifest:
-        local_manifest.unlink()  # the source changed: this cache is incomplete until the sync below ends
-    log.info("data_sync_start", path=str(dest), files=len(files), bytes=sum(f.size for f in files))
+    if not local_manifest.exists():
+        atomic_write_bytes(local_manifest, raw_manifest)
+    log.info("data_sync_done", path=str(dest), files=len(files), downloaded=downloaded, reused=reused,
+             bytes=done_bytes, seconds=round(time.perf_counter() - started, 3))
+    return dest
 
+
+def _download_all(bucket: S3Bucket, prefix: str, files: list[_File], dest: Path, verify_sha256: bool,
+                  log) -> tuple[int, int, int]:
+    """Fetch every file the cache lacks; returns (downloaded, reused, bytes downloaded)."""
     downloaded = reused = done_bytes = 0
-    last_progress = started
-    config = TransferConfig(max_concurrency=PART_CONCURRENCY, preferred_transfer_client="classic")
-    # Exits run inner first: on an error the transfer manager cancels in-flight downloads, then the
-    # pool waits for its workers (which delete their temp files).
-    with ThreadPoolExecutor(FILE_WORKERS) as pool, create_transfer_manager(client, config) as transfers:
-        jobs = {pool.submit(_fetch, transfers, loc.bucket, _key(prefix, f.rel), dest / f.rel, f, verify_sha256): f
+    last_progress = time.perf_counter()
+    failed = threading.Event()  # set on the first error: the other downloads stop at their next part
+    # On an error the pool waits for its workers, which stop early and delete their temp files.
+    with ThreadPoolExecutor(FILE_WORKERS) as pool:
+        jobs = {pool.submit(_fetch, bucket, _key(prefix, f.rel), dest / f.rel, f, verify_sha256, failed): f
                 for f in files}
         try:
             for job in as_completed(jobs):
@@ -97,15 +104,11 @@ def sync_source(uri: str, cache_root: Path, *, verify_sha256: bool = True) -> Pa
                     last_progress = time.perf_counter()
                     log.info("data_sync_progress", files_done=downloaded + reused, files=len(files), bytes=done_bytes)
         except BaseException:
+            failed.set()
             for job in jobs:
                 job.cancel()
             raise
-
-    if not local_manifest.exists():
-        atomic_write_bytes(local_manifest, raw_manifest)
-    log.info("data_sync_done", path=str(dest), files=len(files), downloaded=downloaded, reused=reused,
-             bytes=done_bytes, seconds=round(time.perf_counter() - started, 3))
-    return dest
+    return downloaded, reused, done_bytes
 
 
 def sync_sources(uris: list[str], cache_root: Path, *, local_rank: int, barrier: Callable[[], None],
@@ -130,29 +133,26 @@ def _key(prefix: str, rel: str) -> str:
     return f"{prefix}/{rel}" if prefix else rel
 
 
-def _get_manifest(client, bucket: str, key: str, uri: str) -> bytes:
-    from botocore.exceptions import ClientError
-
+def _get_manifest(bucket: S3Bucket, key: str, uri: str) -> bytes:
+    not_there = f"data source {uri}: no {bucket.url(key)} (not a data-prep output)"
     try:
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}:
-            raise ConfigError(f"data source {uri}: no s3://{bucket}/{key} (not a data-prep output)") from exc
-        raise StorageError(f"cannot read s3://{bucket}/{key}: {exc}") from exc
+        data = bucket.get_bytes(key)
     except Exception as exc:
-        raise StorageError(f"cannot read s3://{bucket}/{key}: {exc}") from exc
+        if error_code(exc) == "NoSuchBucket":
+            raise ConfigError(not_there) from exc
+        raise StorageError(f"cannot read {bucket.url(key)}: {exc}") from exc
+    if data is None:
+        raise ConfigError(not_there)
+    return data
 
 
-def _list_sizes(client, bucket: str, prefix: str) -> dict[str, int]:
+def _list_sizes(bucket: S3Bucket, prefix: str) -> dict[str, int]:
     """Size of every object under the prefix, by path relative to it."""
     base = f"{prefix}/" if prefix else ""
-    sizes = {}
     try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
-            sizes.update({obj["Key"][len(base) :]: obj["Size"] for obj in page.get("Contents", [])})
+        return {key[len(base) :]: obj.size for key, obj in bucket.listing(base).items()}
     except Exception as exc:
-        raise StorageError(f"cannot list s3://{bucket}/{base}: {exc}") from exc
-    return sizes
+        raise StorageError(f"cannot list {bucket.url(base)}: {exc}") from exc
 
 
 def _plan(uri: str, raw_manifest: bytes, sizes: dict[str, int]) -> list[_File]:
@@ -187,17 +187,17 @@ def _problem(path: Path, f: _File, check_sha256: bool) -> str | None:
     return None
 
 
-def _fetch(transfers, bucket: str, key: str, target: Path, f: _File, verify_cached: bool) -> bool:
+def _fetch(bucket: S3Bucket, key: str, target: Path, f: _File, verify_cached: bool, cancel) -> bool:
     """Download one file unless the cache already has it; returns whether it downloaded."""
     if _problem(target, f, verify_cached) is None:
         return False
     with atomic_path(target) as tmp:
         try:
-            transfers.download(bucket, key, str(tmp)).result()
+            bucket.download(key, tmp, f.size, cancel=cancel)
         except Exception as exc:
             if isinstance(exc, LmforgeError):
                 raise
-            raise StorageError(f"cannot download s3://{bucket}/{key}: {exc}") from exc
+            raise StorageError(f"cannot download {bucket.url(key)}: {exc}") from exc
         if problem := _problem(tmp, f, check_sha256=True):
-            raise ShardFormatError(f"s3://{bucket}/{key}: {problem}")
+            raise ShardFormatError(f"{bucket.url(key)}: {problem}")
     return True

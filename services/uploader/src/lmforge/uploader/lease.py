@@ -139,9 +139,9 @@ class UploadLease:
         claims = self.claims()
         aborted = 0
         for upload in uploads:
-            if claims.is_live(upload.rel):
+            if claims.is_live(upload.key):
                 continue
-            if claims.is_dead(upload.rel):
+            if claims.is_dead(upload.key):
                 reason = "its uploader's lease is stale or this uploader's predecessor's"
             elif upload.age_seconds > self.stale_seconds:
                 reason = "no lease claims it"
@@ -149,7 +149,7 @@ class UploadLease:
                 continue  # unclaimed but recent: decided on a later sweep
             self.dest.abort_upload(upload)
             aborted += 1
-            log.info("aborted_stale_upload", key=upload.rel, age_seconds=round(upload.age_seconds), reason=reason)
+            log.info("aborted_stale_upload", key=upload.key, age_seconds=round(upload.age_seconds), reason=reason)
         for rel in claims.stale_leases:
             self.dest.delete([rel])
         return aborted

@@ -40,6 +40,7 @@ from lmforge.common.checkpoint_layout import (
 )
 from lmforge.common.errors import LmforgeError
 from lmforge.common.logging import get_logger
+from lmforge.common.retry import Cancelled
 from lmforge.common.storage import atomic_write_bytes
 from lmforge.uploader.config import UploaderConfig
 from lmforge.uploader.lease import Claims, UploadLease
@@ -54,7 +55,6 @@ from lmforge.uploader.manifest import (
     remote_step_prefix,
 )
 from lmforge.uploader.metrics import UploaderMetrics
-from lmforge.uploader.retry import Cancelled
 
 log = get_logger("uploader")
 

@@ -33,6 +33,8 @@ from warcio.archiveiterator import ArchiveIterator
 from warcio.exceptions import ArchiveLoadFailed
 
 from lmforge.common.errors import InputError
+from lmforge.common.logging import get_logger
+from lmforge.common.retry import RetryPolicy
 from lmforge.common.storage import open_input
 from lmforge.dataprep.config import ReaderConfig
 from lmforge.dataprep.document import Document, make_doc_id
@@ -42,6 +44,8 @@ BAD_INPUT_PREFIX = "bad_input:"  # counters of the read step: bad_input:<kind>
 GZIP_MAGIC = b"\x1f\x8b\x08"
 WARC_LINE = b"WARC/1."
 SCAN_CHUNK = 1 << 20
+OPEN_BACKOFF_SECONDS = 0.2  # the first retry's wait at most; doubles, with full jitter
+OPEN_BACKOFF_MAX_SECONDS = 5.0
 
 
 class _NotWarc(Exception):
@@ -141,19 +145,17 @@ class WetReader(PipelineStep):
         self.drop(Document(make_doc_id(input_index, record.index), record.url, ""), reason)
 
     def _open(self, uri: str) -> BinaryIO | None:
-        last_error: Exception | None = None
-        for attempt in range(self.config.open_retries):
-            try:
-                return _CountingReader(open_input(uri))
-            except InputError as exc:
-                last_error = exc
-                if "://" not in uri:  # a local file will not appear by retrying
-                    break
-                time.sleep(min(2.0**attempt * 0.2, 5.0))
-        self.count_bad("unreadable")
-        self.stats.counters["unreadable_inputs"] += 1
-        self.last_error = str(last_error)
-        return None
+        remote = "://" in uri  # a local file will not appear by retrying
+        retry = RetryPolicy(self.config.open_retries, OPEN_BACKOFF_SECONDS, OPEN_BACKOFF_MAX_SECONDS,
+                            retryable=lambda exc: remote and isinstance(exc, InputError),
+                            log=get_logger("dataprep"), event="input_open_retry")
+        try:
+            return _CountingReader(retry.call(f"open {uri}", lambda: open_input(uri), uri=uri))
+        except InputError as exc:
+            self.count_bad("unreadable")
+            self.stats.counters["unreadable_inputs"] += 1
+            self.last_error = str(exc)
+            return None
 
     def _records(self, fh: _CountingReader, gz: bool, input_index: int) -> Iterator[_Record]:
         """Conversion records in order; drops a record whose length turned out wrong."""

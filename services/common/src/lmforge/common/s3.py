@@ -1,0 +1,356 @@
+"""The object store: one S3 bucket (any S3-compatible endpoint) with verified transfers, every
+request retried by the one retry policy (lmforge.common.retry). Every lmforge reader and writer
+of s3:// goes through it: common storage (S3Store, open_input), the checkpoint uploader and
+restore, the trainer's data sync, the model pointer, data prep's fetch.
+
+Who retries what: botocore's own retries are off (total_max_attempts=1 on every client made
+here) and its HTTP layer never retries, so each request (one part, one ranged GET, one small
+object, one listing, ...) is retried by the RetryPolicy alone, and only when its error is
+transient (`is_transient`: throttling, 5xx, timeouts, dropped connections). An error that
+waiting will not cure (missing bucket or key, denied access, a bad request) fails at once.
+
+Uploads above one part size are multipart: the file is read once, in order; each part is
+hashed into the whole file's sha256 and its own CRC32C (which S3 verifies), then sent by the
+part pool while the next one is read (at most `concurrency` parts in memory). A failed or
+cancelled upload is aborted, so no parts are left behind. A smaller object is one PUT with its
+CRC32C. Downloads are parallel ranged GETs, each checked for its length.
+
+Ages (of objects, of open uploads) are measured on the store's clock (the response's Date
+header against LastModified/Initiated), so a skewed local clock cannot make a live upload look
+stale.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Protocol
+
+import crc32c
+
+from lmforge.common.errors import StorageError
+from lmforge.common.logging import get_logger
+from lmforge.common.retry import Cancelled, RetryPolicy, never
+
+PUBLIC_ANONYMOUS_BUCKETS = frozenset({"commoncrawl"})
+MIB = 1 << 20
+DEFAULT_PART_SIZE = 8 * MIB
+MAX_PARTS = 10_000  # S3's limit per multipart upload; larger files get larger parts
+TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+                             "InternalError", "ServiceUnavailable", "503", "500", "502", "504"})
+NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+
+Progress = Callable[[int], None]
+
+
+class HasIsSet(Protocol):
+    """A cancellation flag: a threading.Event, or anything else with is_set()."""
+
+    def is_set(self) -> bool: ...
+
+
+class _NeverSet:
+    def is_set(self) -> bool:
+        return False
+
+
+NOT_CANCELLED = _NeverSet()
+
+
+def s3_client(bucket: str | None = None, endpoint_url: str | None = None, **config):
+    """A boto3 S3 client with botocore's retries off (the RetryPolicy retries). Credentials come
+    from the standard AWS chain; the endpoint from the argument or AWS_ENDPOINT_URL(_S3). Public
+    buckets are read unsigned. `config` overrides botocore Config fields (timeouts, pool size,
+    s3 options)."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    anonymous = bucket in PUBLIC_ANONYMOUS_BUCKETS and os.environ.get("LMFORGE_S3_ANONYMOUS", "1") != "0"
+    settings = {"retries": {"total_max_attempts": 1, "mode": "standard"},
+                "signature_version": UNSIGNED if anonymous else None, **config}
+    # A session per client: boto3's default session is not safe to share across threads.
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=Config(**settings))
+
+
+def error_code(exc: BaseException) -> str:
+    """S3's error code of a botocore ClientError ('' for anything else)."""
+    response = getattr(exc, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another try: throttling, 5xx, timeouts, dropped connections."""
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(exc, BotoConnectionError | HTTPClientError):
+        return True  # connection reset or closed, read timeout, endpoint briefly unreachable
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return error_code(exc) in TRANSIENT_CODES or status >= 500
+    return False
+
+
+def crc32c_b64(data) -> str:
+    """S3's CRC32C checksum of `data` (hardware-accelerated: about 6x cheaper than zlib's CRC32)."""
+    return base64.b64encode(crc32c.crc32c(data).to_bytes(4, "big")).decode()
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    size: int
+    age_seconds: float  # since LastModified, on the store's clock
+
+
+@dataclass(frozen=True)
+class OpenUpload:
+    """An upload begun and neither completed nor aborted."""
+
+    key: str
+    upload_id: str
+    age_seconds: float  # since it was initiated, on the store's clock
+
+
+def _server_now(response: dict) -> datetime:
+    """The store's clock at `response` (its Date header); the local clock if it has none."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return datetime.now(UTC)
+
+
+class S3Bucket:
+    """The objects of one bucket, by full key. `retry` defaults to the policy's defaults, logged
+    as `storage`; its predicate is replaced by is_transient."""
+
+    def __init__(self, bucket: str, endpoint_url: str | None = None, *, part_size: int = DEFAULT_PART_SIZE,
+                 concurrency: int = 10, connect_timeout: float = 10.0, read_timeout: float = 60.0,
+                 retry: RetryPolicy | None = None):
+        self.bucket = bucket
+        self.part_size, self.concurrency = part_size, concurrency
+        self.retry = retry or RetryPolicy(log=get_logger("storage"))
+        # Integrity comes from the CRC32C of each part (checked by S3) and the callers' sha256:
+        # hashing every byte again to sign it adds nothing.
+        self.client = s3_client(bucket, endpoint_url, max_pool_connections=concurrency + 4,
+                                connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                s3={"payload_signing_enabled": False})
+        self._parts = ThreadPoolExecutor(concurrency, thread_name_prefix="lmforge-part")
+
+    def _call(self, what: str, fn, policy: RetryPolicy | None = None):
+        return (policy or self.retry).call(what, fn, retryable=is_transient)
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    # -- reading -------------------------------------------------------------------------
+
+    def head_bucket(self) -> None:
+        """Raises the ClientError when the bucket is missing or not ours (three tries at most)."""
+        self._call("head_bucket", lambda: self.client.head_bucket(Bucket=self.bucket),
+                   dataclasses.replace(self.retry, attempts=3, should_stop=never))
+
+    def size_of(self, key: str) -> int | None:
+        """The object's size; None when there is no object at `key`."""
+        from botocore.exceptions import ClientError
+
+        def head():
+            try:
+                return self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"]
+            except ClientError as exc:
+                if error_code(exc) in NOT_FOUND_CODES:
+                    return None
+                raise
+
+        return self._call(f"head {key}", head)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """The object's bytes; None when there is no object at `key`."""
+        from botocore.exceptions import ClientError
+
+        def get():
+            try:
+                return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            except ClientError as exc:
+                if error_code(exc) in NOT_FOUND_CODES:
+                    return None
+                raise
+
+        return self._call(f"get {key}", get)
+
+    def open_stream(self, key: str):
+        """The object's body to read as a stream (botocore StreamingBody: read(n), close()). The GET
+        is retried; a stream that breaks later is the reader's to handle."""
+        return self._call(f"get {key}", lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"])
+
+    def listing(self, prefix: str) -> dict[str, StoredObject]:
+        """Every object under `prefix`: key → size and age."""
+        paginator = self.client.get_paginator("list_objects_v2")
+
+        def page_all():
+            found = {}
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                now = _server_now(page)
+                for item in page.get("Contents", []):
+                    found[item["Key"]] = StoredObject(item["Size"], (now - item["LastModified"]).total_seconds())
+            return found
+
+        return self._call(f"list {prefix}", page_all)
+
+    def download(self, key: str, target: Path, size: int | None = None, progress: Progress | None = None,
+                 cancel: HasIsSet = NOT_CANCELLED) -> None:
+        """Ranged GETs in parallel, written in place into `target` (the caller's temp file).
+        `size`: the object's, when the caller knows it from a listing."""
+        if size is None:
+            size = self.size_of(key)
+            if size is None:
+                raise StorageError(f"{self.url(key)}: no such object")
+        part = self.part_size
+        with open(target, "wb") as fh:
+            fh.truncate(size)
+        fd = os.open(target, os.O_WRONLY)
+
+        def fetch(start: int) -> None:
+            if cancel.is_set():
+                raise Cancelled(key)
+            end = min(size, start + part) - 1
+
+            def get():
+                body = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+                data = body["Body"].read()
+                if len(data) != end - start + 1:
+                    raise StorageError(f"{self.url(key)}: short read at {start}")
+                return data
+
+            data = self._call(f"get {key}@{start}", get)
+            os.pwrite(fd, data, start)
+            if progress:
+                progress(len(data))
+
+        futures = [self._parts.submit(fetch, start) for start in range(0, size, part)]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            wait(futures)  # no part writes to the descriptor once it is closed
+            raise
+        finally:
+            os.close(fd)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def put_bytes(self, key: str, data: bytes, content_type: str | None = None) -> None:
+        extra = {"ContentType": content_type} if content_type else {}
+        self._call(f"put {key}", lambda: self.client.put_object(
+            Bucket=self.bucket, Key=key, Body=data, ChecksumCRC32C=crc32c_b64(data), **extra))
+
+    def upload_file(self, path: Path, key: str, cancel: HasIsSet = NOT_CANCELLED,
+                    progress: Progress | None = None) -> str:
+        """Upload one file (see the module docstring); returns its sha256."""
+        if cancel.is_set():
+            raise Cancelled(key)
+        size = Path(path).stat().st_size
+        part_size = max(self.part_size, -(-size // MAX_PARTS))
+        if size <= part_size:
+            data = Path(path).read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            self.put_bytes(key, data)
+            if progress:
+                progress(size)
+            return digest
+        upload_id = self._call(f"create {key}", lambda: self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32C"))["UploadId"]
+        try:
+            parts, digest = self._upload_parts(Path(path), key, upload_id, part_size, cancel, progress)
+            self._call(f"complete {key}", lambda: self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
+        except BaseException:
+            self.abort(key, upload_id)
+            raise
+        return digest
+
+    def _upload_parts(self, path: Path, key: str, upload_id: str, part_size: int, cancel: HasIsSet,
+                      progress: Progress | None) -> tuple[list[dict], str]:
+        in_flight = threading.BoundedSemaphore(self.concurrency)
+        whole = hashlib.sha256()
+
+        def send(number: int, data: bytes, checksum: str) -> dict:
+            try:
+                if cancel.is_set():
+                    raise Cancelled(key)
+                response = self._call(f"part {number} of {key}", lambda: self.client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data,
+                    ChecksumCRC32C=checksum))
+                if progress:
+                    progress(len(data))
+                return {"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32C": checksum}
+            finally:
+                in_flight.release()
+
+        futures = []
+        try:
+            with open(path, "rb", buffering=0) as fh:
+                number = 0
+                while data := fh.read(part_size):
+                    number += 1
+                    whole.update(data)
+                    checksum = crc32c_b64(data)
+                    while not in_flight.acquire(timeout=0.5):
+                        if cancel.is_set() or any(f.done() and f.exception() for f in futures):
+                            raise Cancelled(key)
+                    futures.append(self._parts.submit(send, number, data, checksum))
+            return [f.result() for f in futures], whole.hexdigest()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            failed = next((f.exception() for f in futures if not f.cancelled() and f.exception()), None)
+            if failed is not None:
+                raise failed from None  # the part's own error says more than "cancelled"
+            raise
+
+    def abort(self, key: str, upload_id: str) -> None:
+        """Best effort, even after a cancel: the uploader's sweep aborts stale leftovers later."""
+        try:
+            self._call(f"abort {key}", lambda: self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id),
+                dataclasses.replace(self.retry, attempts=5, should_stop=never))
+        except Exception:  # noqa: S110 - best effort (see the docstring)
+            pass
+
+    def open_uploads(self, prefix: str) -> list[OpenUpload]:
+        """Multipart uploads open under `prefix`, whoever began them."""
+        paginator = self.client.get_paginator("list_multipart_uploads")
+
+        def page_all():
+            found = []
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                now = _server_now(page)
+                found += [OpenUpload(u["Key"], u["UploadId"], (now - u["Initiated"]).total_seconds())
+                          for u in page.get("Uploads", [])]
+            return found
+
+        return self._call(f"list uploads {prefix}", page_all)
+
+    def delete(self, keys: list[str], *, cancellable: bool = True) -> None:
+        """cancellable=False: done even once should_stop() is true (cleaning up after oneself)."""
+        policy = None if cancellable else dataclasses.replace(self.retry, attempts=3, should_stop=never)
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": key} for key in keys[start : start + 1000]]
+            self._call("delete", lambda batch=batch: self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}), policy)
+
+    def close(self) -> None:
+        self._parts.shutdown(wait=False, cancel_futures=True)
