@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Build one service image: make its build context (docker/wheelhouse.py), then build
-# docker/SERVICE.Dockerfile on it. `make image-SERVICE` and the image tests call this.
+# Build one service image: make its build context (docker/wheelhouse.py), then build the
+# service's stage of docker/service.Dockerfile on it (--target SERVICE, --build-arg SERVICE).
+# `make image-SERVICE` and the image tests call this.
 #
 #   docker/build.sh SERVICE TAG
 #
 # Environment:
 #   CONTAINER_ENGINE        podman | docker (default: whichever exists, podman first)
-#   BASE_IMAGE              overrides the Dockerfile's default base ("" = keep it)
-#   TORCH_SOURCE            auto | base | wheelhouse (trainer, inference; default auto)
+#   BASE_IMAGE              the base ("" = the default: $TORCH_BASE_IMAGE for an image whose
+#                           lock has torch, trainer and inference; else $SLIM_BASE_IMAGE)
+#   TORCH_SOURCE            auto | base | wheelhouse (images whose lock has torch; default auto)
 #   CONTAINER_BUILD_FLAGS   extra flags for `build` (e.g. podman's --runtime/--ulimit here)
 #   VERSION                 the image's version label
 #   PYTHON                  the Python that runs pip for the wheelhouse (default .venv/bin/python)
@@ -26,18 +28,21 @@ engine=${CONTAINER_ENGINE:-$(command -v podman >/dev/null 2>&1 && echo podman ||
 python=${PYTHON:-$repo/.venv/bin/python}
 context=$repo/build/images/$service
 
-[ -f "$repo/docker/$service.Dockerfile" ] || { echo "no docker/$service.Dockerfile" >&2; exit 2; }
+dockerfile=$repo/docker/service.Dockerfile
+grep -q "^FROM runtime AS $service\$" "$dockerfile" || { echo "no stage '$service' in docker/service.Dockerfile" >&2; exit 2; }
+# The default bases. The CUDA tag is an example: pick the one matching your driver.
+SLIM_BASE_IMAGE=python:3.11-slim-bookworm
+TORCH_BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
+with_torch=$(grep -q '^torch==' "$repo/docker/locks/$service.lock" 2>/dev/null && echo 1 || true)
+base=${BASE_IMAGE:-$([ -n "$with_torch" ] && echo "$TORCH_BASE_IMAGE" || echo "$SLIM_BASE_IMAGE")}
 start=$(date +%s)
 "$python" "$repo/docker/wheelhouse.py" context "$service" "$context"
 
-dockerfile=$repo/docker/$service.Dockerfile
-args=(--file "$dockerfile" --tag "$tag")
-[ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
-[ -n "${TORCH_SOURCE:-}" ] && args+=(--build-arg "TORCH_SOURCE=$TORCH_SOURCE")
+args=(--file "$dockerfile" --target "$service" --tag "$tag" --build-arg "SERVICE=$service" --build-arg "BASE_IMAGE=$base")
+[ -n "$with_torch" ] && [ -n "${TORCH_SOURCE:-}" ] && args+=(--build-arg "TORCH_SOURCE=$TORCH_SOURCE")
 [ -n "${VERSION:-}" ] && args+=(--build-arg "VERSION=$VERSION")
 
 label() { "$engine" image inspect --format "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true; }
-base=${BASE_IMAGE:-$(sed -n 's/^ARG BASE_IMAGE=//p' "$dockerfile")}
 digest=$( {
   cat "$dockerfile"
   printf '%s\n' "${args[@]}" "${CONTAINER_BUILD_FLAGS:-}" "$("$engine" image inspect --format '{{.Id}}' "$base" 2>/dev/null)"

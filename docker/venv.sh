@@ -1,5 +1,5 @@
 #!/bin/sh
-# The install steps of every lmforge Dockerfile; runs inside the build, as root, from the
+# The install steps of docker/service.Dockerfile; runs inside the build, as root, from the
 # build context that docker/wheelhouse.py made (see docker/README.md). No network: every
 # install is `--no-index` from the wheels in the context.
 #

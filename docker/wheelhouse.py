@@ -10,7 +10,7 @@ exactly them and nothing else, and a dependency moves only when someone reruns `
 
 `context` makes the directory that is the whole build context of `docker build`:
 
-    OUTDIR/venv.sh                     the install steps the Dockerfiles run (docker/venv.sh)
+    OUTDIR/venv.sh                     the install steps the Dockerfile runs (docker/venv.sh)
     OUTDIR/deps/requirements.lock      a copy of docker/locks/SERVICE.lock
     OUTDIR/deps/*.whl                  one wheel per line of the lock (rebuilt only when the lock changes)
     OUTDIR/own/requirements.txt        the image's lmforge distributions, with extras
