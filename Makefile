@@ -11,11 +11,14 @@ SETUP_STAMP := $(VENV)/.lmforge-setup
 SERVICES := services/common services/dataprep services/trainer services/uploader services/inference services/canary
 # lmforge.demo: `make demo`, every service as a local process (not an image).
 DEMO_PACKAGE := services/demo
+# lmforge.sample_data: synthetic inputs for the demo, the tests and the benchmarks (in no image).
+SAMPLE_DATA_PACKAGE := services/sample-data
 # Installed editable with the services: the Kubeflow pipelines (kfp v2 SDK, pinned in its pyproject;
 # with the extras the steps of both pipelines need, as the step images have them).
-PACKAGES := $(SERVICES) pipelines $(DEMO_PACKAGE)
+PACKAGES := $(SERVICES) pipelines $(DEMO_PACKAGE) $(SAMPLE_DATA_PACKAGE)
 PIPELINES_DIR ?= build/pipelines
-APT_PACKAGES := prometheus-pushgateway prometheus
+# chromium: the HTML reports' render test (headless screenshots).
+APT_PACKAGES := prometheus-pushgateway prometheus chromium
 BENCH_APT_PACKAGES := libmagic1 util-linux
 # Container images (docker/): the engine, the base image the tests build, the image tests.
 IMAGE_APT_PACKAGES := podman runc debootstrap
@@ -39,7 +42,7 @@ IMAGE_PREFIX ?= lmforge
 # The tag: the chart's appVersion, which the chart pulls by default.
 VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' helm/lmforge/Chart.yaml)
 CONTAINER_ENGINE ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || { command -v docker >/dev/null 2>&1 && echo docker; })
-# "" = each Dockerfile's default (python:3.11-slim-bookworm; a CUDA PyTorch image for trainer
+# "" = docker/build.sh's default (python:3.11-slim-bookworm; a CUDA PyTorch image for trainer
 # and inference). `make base-image` builds LOCAL_BASE_IMAGE for machines without a registry.
 BASE_IMAGE ?=
 LOCAL_BASE_IMAGE ?= localhost/lmforge-base:bookworm
@@ -88,9 +91,11 @@ demo-stop: ## stop what a killed demo left running
 	@if [ -x $(VENV)/bin/lmforge-demo ]; then $(VENV)/bin/lmforge-demo stop --workdir $(DEMO_DIR); \
 	else echo "nothing to stop (no $(VENV))"; fi
 
-# The README's configuration reference, regenerated from the services' pydantic models.
-docs: setup ## regenerate the README's configuration reference
+# The README's configuration reference and the chart's values.schema.json, regenerated from the
+# services' pydantic models (and, for the chart-level values, lmforge.common.chart_values).
+docs: setup ## regenerate the README's configuration reference and the chart's values schema
 	$(PY) -m lmforge.common.config_reference --readme README.md
+	$(PY) -m lmforge.common.values_schema --write helm/lmforge/values.schema.json
 
 test: setup image-tools ## every test: about 16 min of pytest on 2 cores, plus the image builds
 	$(image_env) $(PY) -m pytest -q
@@ -144,6 +149,7 @@ base-image: image-tools ## a local Debian bookworm base image, for machines with
 images: $(addprefix image-,$(IMAGE_SERVICES)) ## every service image, tagged IMAGE_PREFIX/SERVICE:VERSION (docker/README.md)
 
 ## image-SERVICE: one service image (dataprep, trainer, uploader, inference, canary)
+# (docker/service.Dockerfile, the service's stage; docker/build.sh sets its build arguments)
 $(addprefix image-,$(IMAGE_SERVICES)): image-%: setup
 	@test -n "$(CONTAINER_ENGINE)" || { echo "no podman or docker: install one (make image-tools installs podman)" >&2; exit 1; }
 	CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" BASE_IMAGE="$(BASE_IMAGE)" \

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "services" / "dataprep" / "src"))
+sys.path.insert(0, str(REPO / "services" / "sample-data" / "src"))
 
-from lmforge.dataprep.sample_data import write_sample_wet  # noqa: E402
+from lmforge.sample_data.wet import write_sample_wet  # noqa: E402
 
 VENV_BIN = REPO / ".venv" / "bin"
 DATATROVE_PY = REPO / "bench" / ".venv-datatrove" / "bin" / "python"

@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "out"))
     args = parser.parse_args()
 
-    from lmforge.trainer.synthetic import synthetic_output
+    from lmforge.sample_data.token_shards import synthetic_output
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

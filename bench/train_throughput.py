@@ -81,7 +81,7 @@ def bare_step_times(data: Path, steps: int, args) -> list[float]:
 def overhead_suite(args) -> dict:
     import torch
 
-    from lmforge.trainer.synthetic import synthetic_output
+    from lmforge.sample_data.token_shards import synthetic_output
 
     torch.set_num_threads(args.threads)
     per_step = {"trainer": [], "bare": []}
@@ -131,7 +131,7 @@ def gpu_run(data: Path, run_dir: Path, args, *, nproc: int, mixed_precision: boo
 def gpu_suite(args) -> dict:
     import torch
 
-    from lmforge.trainer.synthetic import synthetic_output
+    from lmforge.sample_data.token_shards import synthetic_output
 
     gpus = torch.cuda.device_count()
     if not gpus:

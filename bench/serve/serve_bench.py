@@ -16,7 +16,7 @@ server is bound by one Python thread (the GIL) and the load generator needs the 
 engine.max_running=64, at 1, 16 and 64 clients.
 
 The model package is built first: a byte-level BPE tokenizer (8192 tokens) trained on
-`lmforge-dataprep sample-data` text, and random weights. Random weights would end a
+`lmforge-sample-data` text, and random weights. Random weights would end a
 sequence at `<|endoftext|>` about once per 9,000 tokens; so that every request generates
 exactly max_tokens (the equivalent of vLLM's ignore_eos), all embedding rows (tied with the
 output head) get a shared direction d, 4x a row's own norm, and the end-of-text row is -d:
@@ -65,7 +65,7 @@ PROMPTS = 48  # distinct prompts in the mix
 def sample_texts(work: Path, docs: int, seed: int) -> list[str]:
     from warcio.archiveiterator import ArchiveIterator
 
-    from lmforge.dataprep.sample_data import write_sample_wet
+    from lmforge.sample_data.wet import write_sample_wet
 
     path = work / f"sample-{docs}-{seed}.warc.wet.gz"
     if not path.exists():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lmforge.dataprep.sample_data import write_sample_wet
+from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import kept_doc_ids, run_cli
 from tests.dataprep.wet_records import gz_member, wet_record
 

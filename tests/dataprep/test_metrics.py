@@ -24,7 +24,7 @@ def test_worker_pushes_its_counters_to_a_pushgateway(tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from lmforge.dataprep.sample_data import write_sample_wet
+    from lmforge.sample_data.wet import write_sample_wet
     from tests.dataprep.helpers import run_cli
 
     pushes = []

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from lmforge.common.shards import open_shard
-from lmforge.dataprep.sample_data import write_sample_wet
+from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import (
     doc_ids_in,
     kept_doc_ids,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.dataprep.sample_data import write_sample_wet
+from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import manifest, run_cli
 
 SMALL = ["--set", "tokenizer.vocab_size=800", "--set", "shards.shard_tokens=30000", "--set", "shards.val_fraction=0.05"]

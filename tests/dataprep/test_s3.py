@@ -6,7 +6,7 @@ import json
 
 import boto3
 
-from lmforge.dataprep.sample_data import write_sample_wet
+from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import run_cli
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.dataprep.sample_data import write_sample_wet
+from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import run_cli
 
 SMALL = ["--set", "tokenizer.vocab_size=600", "--set", "shards.val_fraction=0"]

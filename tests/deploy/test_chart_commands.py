@@ -10,16 +10,14 @@ import pytest
 import torch.distributed.run as torchrun
 import yaml
 
-from lmforge.canary.cli import _parser as canary_parser
-from lmforge.canary.config import load_canary_config
+from lmforge.canary.cli import CLI as CANARY
 from lmforge.canary.evalset import load_eval_set
-from lmforge.dataprep.cli import build_parser as dataprep_parser
+from lmforge.dataprep.cli import CLI as DATAPREP
 from lmforge.dataprep.config import load_dataprep_config
-from lmforge.inference.cli import _parser as inference_parser
-from lmforge.inference.config import load_serve_config
+from lmforge.inference.cli import CLI as SERVE
 from lmforge.trainer import __main__ as trainer_main
 from lmforge.trainer.config import TrainConfig
-from lmforge.uploader.cli import _parser as uploader_parser
+from lmforge.uploader.cli import CLI as UPLOADER
 from lmforge.uploader.config import load_uploader_config
 from tests.deploy.chart_values import VALUE_SETS, container, containers, pod_specs, rendered, set_values
 from tests.deploy.emulation import TRAINER_PORT, expand_env_references, operator_env, trainer_env
@@ -152,10 +150,10 @@ def test_uploader_restore_and_watch_commands(name):
         assert c["command"] == ["lmforge-uploader"], where
         # The kubelet expands $(LMFORGE_NODE_RANK) (a TrainJob pod's completion index), here node rank 1's.
         env = {e["name"] for e in c["env"]}
-        args = uploader_parser().parse_args([expand_env_references(a, {"LMFORGE_NODE_RANK": "1"}) for a in c["args"]])
+        args = UPLOADER.parse_args([expand_env_references(a, {"LMFORGE_NODE_RANK": "1"}) for a in c["args"]])
         assert args.node_rank == (1 if "LMFORGE_NODE_RANK" in env else 0), where
         assert ("LMFORGE_NODE_RANK" in env) == (name == "trainjob-kueue"), where  # one template, a shared claim
-        config = load_uploader_config(args.config, args.set)
+        config = UPLOADER.load_config(args)
         trainer_args = next(x for x in pod["containers"] if x["name"] in ("pytorch", "node"))["args"]
         run_dir = next(a.split("=", 1)[1] for a in trainer_args if a.startswith("run_dir="))
         assert args.dir == f"{run_dir}/checkpoints", where  # the directory the trainer writes
@@ -175,19 +173,19 @@ def test_uploader_restore_and_watch_commands(name):
 
 @pytest.mark.parametrize("name", SETS)
 def test_dataprep_commands(name):
-    parser = dataprep_parser()
     for where, _pod, c in _containers(name, "dataprep"):
         assert c["command"] == ["lmforge-dataprep"], where
-        args = parser.parse_args(c["args"])  # exits (SystemExit) on an unknown command or flag
+        args = DATAPREP.parse_args(c["args"])  # exits (SystemExit) on an unknown command or flag
         assert args.output.startswith("s3://")
         if args.command == "run":
             assert args.worker_index is None and args.num_workers >= 1  # index from JOB_COMPLETION_INDEX
-            load_dataprep_config(args.config, args.overrides)
+            DATAPREP.load_config(args)
             if name == "cpu-only":
                 assert load_dataprep_config(None, args.overrides).langid.threshold == 0.5
             assert (args.pushgateway is None) == (name == "observability-off")
         else:
             assert args.command == "finalize" and not args.overrides  # reuses the workers' recorded config
+            assert DATAPREP.load_config(args) is None
 
 
 @pytest.mark.parametrize("name", SETS)
@@ -195,9 +193,8 @@ def test_inference_command(name):
     (found,) = list(_containers(name, "inference"))
     where, pod, c = found
     assert c["command"] == ["lmforge-serve"]
-    args = inference_parser().parse_args(c["args"])
-    flags = [f"{k}={v}" for k, v in (("model", args.model), ("host", args.host), ("port", args.port)) if v is not None]
-    config = load_serve_config(args.config, [*args.set, *flags])  # as lmforge-serve's main() builds it
+    args = SERVE.parse_args(c["args"])
+    config = SERVE.load_config(args)  # as lmforge-serve's main() builds it
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert config.port == ports["http"] and config.metrics_port == ports["metrics"] and config.host == "0.0.0.0"
     assert config.model.startswith("s3://") and config.cache_dir.startswith("/tmp/")
@@ -214,9 +211,9 @@ def test_canary_command_and_eval_set(name, tmp_path):
     (found,) = list(_containers(name, "canary"))
     where, pod, c = found
     assert c["command"] == ["lmforge-canary"]
-    args = canary_parser().parse_args(c["args"])
+    args = CANARY.parse_args(c["args"])
     assert args.command == "run"
-    config = load_canary_config(args.config, args.set)
+    config = CANARY.load_config(args)
     # The eval set the pod reads is the ConfigMap's file, valid for the canary's loader.
     (volume,) = [v for v in pod["volumes"] if "configMap" in v]
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]

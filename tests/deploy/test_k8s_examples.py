@@ -6,7 +6,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from lmforge.dataprep.cli import build_parser
+from lmforge.dataprep.cli import CLI
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "k8s" / "examples").glob("*.yaml"))
 
@@ -26,10 +26,9 @@ def test_dataprep_jobs_run_real_cli_commands():
     jobs = {doc["metadata"]["name"]: doc for _, doc in documents() if doc["kind"] == "Job"}
     workers = jobs["lmforge-dataprep-workers"]["spec"]
     assert workers["completionMode"] == "Indexed"
-    parser = build_parser()
     for job in jobs.values():
         for container in job["spec"]["template"]["spec"]["containers"]:
-            parser.parse_args(container["args"])  # exits (SystemExit) on an unknown command or flag
-    worker_args = parser.parse_args(workers["template"]["spec"]["containers"][0]["args"])
+            CLI.parse_args(container["args"])  # exits (SystemExit) on an unknown command or flag
+    worker_args = CLI.parse_args(workers["template"]["spec"]["containers"][0]["args"])
     assert worker_args.command == "run" and worker_args.worker_index is None  # taken from JOB_COMPLETION_INDEX
     assert worker_args.num_workers == workers["completions"]

@@ -317,8 +317,8 @@ def test_dataprep_indexed_job_workers_then_finalize(s3_endpoint, pushgateway, tm
     client = make_bucket(s3_endpoint, "emu-data")
     for seed in (1, 2):
         wet = tmp_path / f"in-{seed}.warc.wet.gz"
-        done = subprocess.run([str(VENV_BIN / "lmforge-dataprep"), "sample-data",
-                               "--output", str(wet), "--docs", "120", "--seed", str(seed)],
+        done = subprocess.run([str(VENV_BIN / "lmforge-sample-data"), "--output", str(wet), "--docs", "120",
+                               "--seed", str(seed)],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         client.upload_file(str(wet), "emu-data", f"wet/in-{seed}.warc.wet.gz")

@@ -125,8 +125,8 @@ def stack(tmp_path_factory):
              "poll_seconds=0.5"], work / "uploader.log"))
 
         sample = work / "sample.warc.wet.gz"
-        subprocess.run([sys.executable, "-m", "lmforge.dataprep", "sample-data", "--output", str(sample),
-                        "--docs", "150", "--seed", "3"], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "lmforge.sample_data", "--output", str(sample), "--docs", "150",
+                        "--seed", "3"], check=True, capture_output=True)
         prep = subprocess.run([sys.executable, "-m", "lmforge.dataprep", "run", "--input", str(sample), "--output",
                                str(work / "prep"), "--pushgateway", gateway, "--set", "tokenizer.vocab_size=600"],
                               capture_output=True, text=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lmforge.sample_data.wet import write_sample_wet
 from tests.images.engine import BUILD_FLAGS, ENGINE, IS_PODMAN, REPO, RUN_FLAGS, UID, build_image, engine, run
 from tests.ports import free_port
 
@@ -28,6 +29,7 @@ SERVICES = ["dataprep", "trainer", "uploader", "inference", "canary"]
 # and must not be in it (docs/design.md: a service depends only on what it uses). dataprep and
 # trainer also run the Kubeflow pipelines' steps (lmforge-pipelines, kfp's executor): the data
 # steps and the train/export/evaluate/rollout steps; see tests/images/test_pipeline_steps.py.
+# None holds lmforge-sample-data or lmforge-demo (the demo's and the tests' own packages).
 CLI = {"dataprep": "lmforge-dataprep", "trainer": "lmforge-train", "uploader": "lmforge-uploader",
        "inference": "lmforge-serve", "canary": "lmforge-canary"}
 OWN = {
@@ -284,8 +286,7 @@ def test_the_flow_through_the_images(build, tmp_path):
     flags = [*RUN_FLAGS, "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp", "--env", "HOME=/tmp",
              "--env", "OMP_NUM_THREADS=1", "--volume", f"{data}:/data"]
     dataprep, trainer = build("dataprep"), build("trainer")
-    engine("run", *flags, dataprep, "sample-data", "--output", "/data/sample.warc.wet.gz", "--docs", "300",
-           "--seed", "7")
+    write_sample_wet(data / "sample.warc.wet.gz", 300, 7)  # here: no image carries the generator
     engine("run", *flags, dataprep, "run", "--input", "/data/sample.warc.wet.gz", "--output", "/data/prep",
            "--set", "tokenizer.vocab_size=512", "--set", "shards.shard_tokens=20000", timeout=300)
     assert json.loads((data / "prep" / "manifest.json").read_text())["shards"]

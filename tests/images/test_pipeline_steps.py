@@ -22,6 +22,7 @@ import boto3
 import pytest
 import yaml
 
+from lmforge.sample_data.inputs import write_sample_inputs
 from tests.images.engine import ENGINE, RUN_FLAGS, TAG, engine
 from tests.images.kfp_runner import PipelineRunner
 
@@ -75,10 +76,13 @@ def _executors(spec: dict) -> set[str]:
 def data_run(build, compiled, store, tmp_path_factory):
     build("dataprep")
     client, env = store
+    # crawl "sample": WET files generated here and put where the fetch step takes them (no image
+    # carries the generator), as `lmforge-sample-data --output s3://…/wet --files 2` would.
+    for path, _ in write_sample_inputs(tmp_path_factory.mktemp("wet"), 2, 150):
+        client.upload_file(path, BUCKET, f"datasets/sample/wet/{os.path.basename(path)}")
     runner = PipelineRunner(compiled["data"], tmp_path_factory.mktemp("data-steps"), env=env, network="host")
-    outputs = runner.run({"crawl": "sample", "shards": 2, "docs_per_shard": 150, "workers": 2, "languages": "en",
-                          "output": DATA, "processes_per_worker": 1, "finalize_processes": 1,
-                          "dataprep_config": DATAPREP_CONFIG})
+    outputs = runner.run({"crawl": "sample", "shards": 2, "workers": 2, "languages": "en", "output": DATA,
+                          "processes_per_worker": 1, "finalize_processes": 1, "dataprep_config": DATAPREP_CONFIG})
     print("".join(f"\n{step.task} ({step.image}): {step.seconds:.0f}s" for step in runner.steps))
     return runner, outputs
 

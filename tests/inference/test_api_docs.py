@@ -8,8 +8,8 @@ from helm_python import HelmRenderError
 from starlette.testclient import TestClient
 
 from lmforge.inference.api import create_app
-from lmforge.inference.cli import _parser
-from lmforge.inference.config import ServeConfig, load_serve_config
+from lmforge.inference.cli import CLI
+from lmforge.inference.config import ServeConfig
 from lmforge.inference.service import InferenceService
 from tests.helm_chart import find, render
 
@@ -34,8 +34,7 @@ def served_config(values: dict) -> ServeConfig:
     """The ServeConfig the chart's inference container starts with, as lmforge-serve builds it."""
     (deployment,) = find(list(render(values)), "Deployment", "lmforge-inference")
     (server,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "inference"]
-    args = _parser().parse_args(server["args"])
-    return load_serve_config(args.config, [*args.set, f"model={args.model}"])
+    return CLI.load_config(CLI.parse_args(server["args"]))
 
 
 def test_the_chart_serves_no_description_unless_asked():

@@ -17,6 +17,7 @@ import pytest
 
 from lmforge.common.model_package import load_package
 from lmforge.common.shards import open_shard, read_doc_ends
+from lmforge.sample_data.inputs import write_sample_inputs
 from lmforge_pipelines import steps
 from lmforge_pipelines.launcher import newest_remote_step
 
@@ -45,7 +46,8 @@ def kfp_local(tmp_path_factory):
 def data_run(kfp_local):
     from lmforge_pipelines.data_pipeline import data_pipeline
 
-    task = data_pipeline(crawl="sample", shards=2, docs_per_shard=150, workers=2, languages="en",
+    write_sample_inputs(kfp_local / "data" / steps.WET_DIR, 2, 150)  # where the fetch step takes them
+    task = data_pipeline(crawl="sample", shards=2, workers=2, languages="en",
                          output=str(kfp_local / "data"), finalize_processes=1, dataprep_config=DATAPREP_CONFIG)
     return kfp_local, task.outputs
 

@@ -8,6 +8,7 @@ import pytest
 
 from lmforge.common.config import cli_overrides
 from lmforge.dataprep.config import load_dataprep_config
+from lmforge.sample_data.inputs import write_sample_inputs
 from lmforge.trainer.config import load_train_config
 from lmforge_pipelines import steps
 
@@ -69,28 +70,30 @@ def test_run_name_and_workers():
         steps.plan_workers(0)
 
 
-def test_fetch_sample_records_the_inputs_and_is_idempotent(tmp_path):
+def test_fetch_sample_takes_the_placed_files_and_records_them(tmp_path):
     out = tmp_path / "data"
-    uris = steps.fetch_inputs(crawl="sample", shards=2, output=str(out), docs_per_shard=20)
+    with pytest.raises(steps.StepError, match=r"reads 2 WET file\(s\) placed .* holds 0: .*lmforge-sample-data"):
+        steps.fetch_inputs(crawl="sample", shards=2, output=str(out))
+    placed = write_sample_inputs(out / "wet", 3, 20)
+    (out / "wet" / "notes.txt").write_text("not a WET file")
+    uris = steps.fetch_inputs(crawl="sample", shards=2, output=str(out))
+    assert uris == [uri for uri, _ in placed[:2]]  # the first two in name order
     assert uris == [str(out / "wet" / f"sample-{i:05d}.warc.wet.gz") for i in range(2)]
     assert json.loads((out / "wet" / "inputs.json").read_text()) == uris == steps.read_inputs(str(out))
-    mtime = (out / "wet" / "sample-00000.warc.wet.gz").stat().st_mtime_ns
-    assert steps.fetch_inputs(crawl="sample", shards=2, output=str(out), docs_per_shard=20) == uris
-    assert (out / "wet" / "sample-00000.warc.wet.gz").stat().st_mtime_ns == mtime, "a retry keeps finished files"
+    assert steps.fetch_inputs(crawl="sample", shards=2, output=str(out)) == uris, "a retry takes the same files"
+    with pytest.raises(steps.StepError, match="holds 3"):
+        steps.fetch_inputs(crawl="sample", shards=4, output=str(out))
     with pytest.raises(steps.StepError, match="inputs.json not found"):
         steps.read_inputs(str(tmp_path / "elsewhere"))
 
 
-def test_fetch_sample_into_the_object_store(s3, monkeypatch):
+def test_fetch_sample_from_the_object_store(s3):
     _, make_bucket = s3
     client = make_bucket("pipelines-fetch")
     output = "s3://pipelines-fetch/datasets/x"
-    uris = steps.fetch_inputs(crawl="sample", shards=2, output=output, docs_per_shard=20)
-    assert uris == [f"s3://pipelines-fetch/datasets/x/wet/sample-{i:05d}.warc.wet.gz" for i in range(2)]
-    assert steps.read_inputs("s3://pipelines-fetch/datasets/x") == uris
+    placed = write_sample_inputs(f"{output}/wet", 2, 20)  # what `lmforge-sample-data --files 2` uploads
+    uris = steps.fetch_inputs(crawl="sample", shards=2, output=output)
+    assert uris == [uri for uri, _ in placed] == [f"{output}/wet/sample-{i:05d}.warc.wet.gz" for i in range(2)]
+    assert steps.read_inputs(output) == uris
     listed = {o["Key"] for o in client.list_objects_v2(Bucket="pipelines-fetch")["Contents"]}
     assert listed == {"datasets/x/wet/inputs.json", *(u.removeprefix("s3://pipelines-fetch/") for u in uris)}
-    calls = []
-    monkeypatch.setattr(steps, "call", lambda command, what: calls.append(command))
-    assert steps.fetch_inputs(crawl="sample", shards=2, output=output, docs_per_shard=20) == uris
-    assert calls == [], "a retry does not generate what the store already has"

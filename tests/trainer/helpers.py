@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lmforge.trainer.synthetic import synthetic_output, write_output
+from lmforge.sample_data.token_shards import synthetic_output, write_output
 
 __all__ = ["random_output", "read_metrics", "write_output"]
 

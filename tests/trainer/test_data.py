@@ -141,7 +141,7 @@ def test_reads_a_real_data_prep_output(tmp_path):
     from tokenizers import Tokenizer
 
     from lmforge.dataprep import cli
-    from lmforge.dataprep.sample_data import write_sample_wet
+    from lmforge.sample_data.wet import write_sample_wet
 
     write_sample_wet(tmp_path / "in.warc.wet.gz", 200, 4)
     out = tmp_path / "prep"

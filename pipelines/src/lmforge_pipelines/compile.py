@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from kfp import compiler
 
+from lmforge.common.cli import ServiceCli
 from lmforge_pipelines.data_pipeline import data_pipeline
 from lmforge_pipelines.train_pipeline import train_pipeline
 
@@ -26,20 +26,21 @@ def compile_all(output: str | Path) -> list[Path]:
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmforge_pipelines.compile", description=__doc__)
-    parser.add_argument("--output", default="build/pipelines", help="directory for data.yaml and train.yaml")
-    args = parser.parse_args(argv)
-    try:
-        written = compile_all(args.output)
-    except OSError as exc:  # an output that cannot be written: one line and exit 4, like every lmforge CLI
-        from lmforge.common.errors import report_failure
-        from lmforge.common.logging import get_logger
-
-        return report_failure(get_logger("pipelines"), parser.prog, exc)
-    for path in written:
+def _compile(args: argparse.Namespace, _config: None) -> int:
+    for path in compile_all(args.output):  # an output that cannot be written: one line and exit 4
         sys.stdout.write(f"wrote {path}\n")
     return 0
+
+
+def build_cli() -> ServiceCli:
+    cli = ServiceCli("python -m lmforge_pipelines.compile", service="pipelines", description=__doc__)
+    parser = cli.command(None, _compile)
+    parser.add_argument("--output", default="build/pipelines", help="directory for data.yaml and train.yaml")
+    return cli
+
+
+CLI = build_cli()
+main = CLI.main
 
 
 if __name__ == "__main__":

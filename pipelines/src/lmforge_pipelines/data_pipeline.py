@@ -40,7 +40,6 @@ def data_pipeline(
     languages: str = "en",
     workers: int = 2,
     output: str = "s3://lmforge/datasets/sample",
-    docs_per_shard: int = 2000,
     base_url: str = "https://data.commoncrawl.org",
     processes_per_worker: int = 1,
     finalize_processes: int = 4,
@@ -49,18 +48,18 @@ def data_pipeline(
     """Prepare training data from Common Crawl.
 
     Args:
-        crawl: Common Crawl crawl id (e.g. CC-MAIN-2024-22), or "sample" for generated WET files.
-        shards: Number of WET files (the crawl's first N, or N generated ones).
+        crawl: Common Crawl crawl id (e.g. CC-MAIN-2024-22), or "sample": the WET files placed
+            under <output>/wet/ beforehand (`lmforge-sample-data --output <output>/wet --files N`).
+        shards: Number of WET files (the crawl's first N, or the first N placed ones).
         languages: Languages to keep, comma-separated fastText codes (e.g. "en" or "en,de").
         workers: Parallel data-prep workers; the WET files are split between them.
         output: Where the prepared data goes (s3://BUCKET/PREFIX; a local directory with kfp.local).
-        docs_per_shard: Documents per generated WET file (crawl "sample" only).
         base_url: Common Crawl mirror: https://data.commoncrawl.org or s3://commoncrawl.
         processes_per_worker: Local processes inside each worker.
         finalize_processes: Local processes of the global stages.
         dataprep_config: More data-prep config as nested keys, e.g. {"tokenizer": {"vocab_size": 32768}}.
     """
-    fetch = fetch_wet(crawl=crawl, shards=shards, docs_per_shard=docs_per_shard, base_url=base_url, output=output)
+    fetch = fetch_wet(crawl=crawl, shards=shards, base_url=base_url, output=output)
     fetch.set_display_name("fetch WET files").set_caching_options(False)
     plan = plan_workers(inputs=fetch.output, workers=workers)
     plan.set_display_name("plan workers").set_caching_options(False)

@@ -13,17 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
+from lmforge.common.cli import ServiceCli
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmforge_pipelines.run_local", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def build_cli() -> ServiceCli:
+    # A workdir that cannot be written: one line and exit 4, like every lmforge CLI.
+    cli = ServiceCli("python -m lmforge_pipelines.run_local", service="pipelines", description=__doc__)
+    parser = cli.command(None, _run)
     parser.add_argument("--workdir", required=True, help="where data, runs, models and KFP's outputs go")
-    parser.add_argument("--crawl", default="sample", help='"sample" (generated WET files) or a crawl id')
+    parser.add_argument("--crawl", default="sample", help='"sample" (WET files generated here first, with '
+                        'lmforge-sample-data) or a crawl id')
     parser.add_argument("--shards", type=int, default=2, help="WET files (generated, or the crawl's first N)")
-    parser.add_argument("--docs-per-shard", type=int, default=1500)
+    parser.add_argument("--docs-per-shard", type=int, default=1500, help="documents per generated WET file")
     parser.add_argument("--workers", type=int, default=2, help="data-prep workers (ParallelFor)")
     parser.add_argument("--languages", default="en")
     parser.add_argument("--vocab-size", type=int, default=4096)
@@ -34,26 +37,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--nproc", type=int, default=2, help="torchrun processes (FSDP when more than one)")
     parser.add_argument("--run-name", default="local")
-    args = parser.parse_args(argv)
-    try:
-        return _run(args)
-    except OSError as exc:  # a workdir that cannot be written: one line and exit 4, like every lmforge CLI
-        from lmforge.common.errors import report_failure
-        from lmforge.common.logging import get_logger
-
-        return report_failure(get_logger("pipelines"), parser.prog, exc)
+    return cli
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, _config: None) -> int:
     from kfp import local
 
     from lmforge_pipelines.data_pipeline import data_pipeline
+    from lmforge_pipelines.steps import SAMPLE_CRAWL, WET_DIR, WET_SUFFIX
 
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)  # here, not inside a pipeline task
+    wet = workdir / "data" / WET_DIR
+    # crawl "sample": the fetch step takes the WET files placed in wet/ (the demo places its own).
+    if args.crawl == SAMPLE_CRAWL and len(list(wet.glob(f"*{WET_SUFFIX}"))) < args.shards:
+        from lmforge.sample_data.inputs import write_sample_inputs
+
+        write_sample_inputs(wet, args.shards, args.docs_per_shard)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "kfp"))
-    data = data_pipeline(crawl=args.crawl, shards=args.shards, docs_per_shard=args.docs_per_shard, workers=args.workers,
-                         languages=args.languages, output=str(workdir / "data"), finalize_processes=args.workers,
+    data = data_pipeline(crawl=args.crawl, shards=args.shards, workers=args.workers, languages=args.languages,
+                         output=str(workdir / "data"), finalize_processes=args.workers,
                          dataprep_config={"tokenizer": {"vocab_size": args.vocab_size},
                                           "shards": {"shard_tokens": args.shard_tokens,
                                                      "val_fraction": args.val_fraction}})
@@ -76,6 +79,10 @@ def _train(args: argparse.Namespace, workdir: Path, data) -> dict:
         train_config={"data": {"seq_len": 128, "batch_size": 4}}, checkpoint_store=str(workdir / "runs"),
         models_store=str(workdir / "models"), eval_sequences=128)
     return {"model": trained.outputs["model_uri"], "val_loss": trained.outputs["val_loss"]}
+
+
+CLI = build_cli()
+main = CLI.main
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 
 from lmforge_pipelines.launcher import TrainingJob, TrainingResult, make_launcher
 
-SAMPLE_CRAWL = "sample"  # crawl="sample": generate synthetic WET files instead of downloading
+SAMPLE_CRAWL = "sample"  # crawl="sample": WET files placed under <output>/wet/ beforehand, not downloaded
 WET_DIR = "wet"  # the inputs, under the data-prep output
 WET_SUFFIX = ".warc.wet.gz"
 INPUTS_FILE = "inputs.json"  # <output>/wet/inputs.json: the run's input URIs, in order
@@ -117,56 +117,62 @@ def _publish_dir(local_dir: Path, dest: str, *, last: str | None = None) -> None
 
 # ----------------------------------------------------------------------------- data pipeline
 
-def fetch_inputs(*, crawl: str, shards: int, output: str, docs_per_shard: int = 2000,
-                 base_url: str = "https://data.commoncrawl.org") -> list[str]:
-    """The WET files of the run, placed under <output>/wet/ (shared storage), as URIs; their
-    list is recorded in <output>/wet/inputs.json for the workers.
+def fetch_inputs(*, crawl: str, shards: int, output: str, base_url: str = "https://data.commoncrawl.org") -> list[str]:
+    """The WET files of the run, under <output>/wet/ (shared storage), as URIs; their list is
+    recorded in <output>/wet/inputs.json for the workers.
 
-    crawl="sample" writes `shards` synthetic WET files of `docs_per_shard` documents
-    (`lmforge-dataprep sample-data`, seeds 0..shards-1); a crawl id (CC-MAIN-YYYY-WW) downloads the
-    crawl's first `shards` WET files (`lmforge-dataprep fetch`, resumable). Files already in place
-    are kept, so a retried step does not start over."""
+    A crawl id (CC-MAIN-YYYY-WW) downloads the crawl's first `shards` WET files there
+    (`lmforge-dataprep fetch`, resumable: files already in place are kept, so a retried step
+    does not start over). crawl="sample" takes the first `shards` WET files placed there
+    beforehand, in name order: synthetic ones from `lmforge-sample-data --files N`, which no
+    image carries."""
     from lmforge.common.storage import open_store
 
     if shards < 1:
         raise StepError(f"shards must be at least 1, got {shards}")
-    if crawl == SAMPLE_CRAWL and docs_per_shard < 1:
-        raise StepError(f"docs_per_shard must be at least 1, got {docs_per_shard}")
     dest = f"{output.rstrip('/')}/{WET_DIR}"
-    local = _store_is_local(dest)
     store = open_store(dest)
+    if crawl == SAMPLE_CRAWL:
+        names = _placed_inputs(store, dest, shards)
+    else:
+        names = _download(store, dest, crawl, shards, base_url)
+    uris = [str(_local(dest) / name) if _store_is_local(dest) else f"{dest}/{name}" for name in names]
+    store.write_bytes(INPUTS_FILE, json.dumps(uris, indent=1).encode())
+    return uris
+
+
+def _placed_inputs(store, dest: str, shards: int) -> list[str]:
+    names = [name for name in store.list() if "/" not in name and name.endswith(WET_SUFFIX)][:shards]
+    if len(names) < shards:
+        raise StepError(f'crawl "{SAMPLE_CRAWL}" reads {shards} WET file(s) placed in {dest} beforehand, and it holds '
+                        f"{len(names)}: write them there with `lmforge-sample-data --output {dest} --files {shards}` "
+                        "(on a machine with the lmforge-sample-data package: no image carries it)")
+    return names
+
+
+def _download(store, dest: str, crawl: str, shards: int, base_url: str) -> list[str]:
+    """The crawl's first `shards` WET files, in its listing's order, put in `store`."""
+    local = _store_is_local(dest)
     present = set() if local else set(store.list())  # already in the object store: not again
     staging = _local(dest) if local else Path(tempfile.mkdtemp(prefix="lmforge-wet-"))
     staging.mkdir(parents=True, exist_ok=True)
     try:
-        dataprep = cli("lmforge-dataprep")
-        if crawl == SAMPLE_CRAWL:
-            names = [f"sample-{i:05d}{WET_SUFFIX}" for i in range(shards)]
-            for i, name in enumerate(names):
-                if name not in present and not (staging / name).exists():  # sample-data writes atomically
-                    call([dataprep, "sample-data", "--output", str(staging / name), "--docs", str(docs_per_shard),
-                          "--seed", str(i)], what="sample-data")
-        else:
-            call([dataprep, "fetch", "--crawl", crawl, "--shards", str(shards), "--output", str(staging),
-                  "--base-url", base_url], what="fetch")
-            # The files the crawl's listing names first, in its order (fetch saved the listing).
-            names = [PurePosixPath(path).name for path in _read_listing(staging / "wet.paths.gz")[:shards]]
+        call([cli("lmforge-dataprep"), "fetch", "--crawl", crawl, "--shards", str(shards), "--output", str(staging),
+              "--base-url", base_url], what="fetch")
+        # The files the crawl's listing names first, in its order (fetch saved the listing).
+        names = [PurePosixPath(path).name for path in _read_listing(staging / "wet.paths.gz")[:shards]]
         missing = [n for n in names if n not in present and not (staging / n).is_file()]
         if missing:
             raise StepError(f"WET files missing in {staging} after the download: {missing}")
-        if local:
-            uris = [str(staging / name) for name in names]
-        else:
+        if not local:
             for name in names:
                 if name not in present:
                     with store.open_write(name) as out, open(staging / name, "rb") as src:
                         shutil.copyfileobj(src, out, 1 << 20)
-            uris = [f"{dest}/{name}" for name in names]
     finally:
         if not local:
             shutil.rmtree(staging, ignore_errors=True)
-    store.write_bytes(INPUTS_FILE, json.dumps(uris, indent=1).encode())
-    return uris
+    return names
 
 
 def _read_listing(path: Path) -> list[str]:

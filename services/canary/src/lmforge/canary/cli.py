@@ -5,7 +5,6 @@ compare with the stored baseline, push lmforge_canary_* gauges to a Pushgateway,
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from lmforge.canary.baseline import Baseline, ensure_comparable, read_baseline, write_baseline
@@ -16,13 +15,12 @@ from lmforge.canary.evalset import EvalSet, load_eval_set
 from lmforge.canary.evaluate import EvalResult, evaluate
 from lmforge.canary.metrics import PushError, build_registry, push
 from lmforge.canary.report import render
-from lmforge.common.errors import CLI_ERRORS, as_lmforge_error
+from lmforge.common.cli import ServiceCli
 from lmforge.common.logging import get_logger
 
 EXIT_PASS = 0
 EXIT_REGRESSION = 1
 EXIT_INTERNAL = 70  # a bug: never confused with a regression
-COMMANDS = ("run", "make-baseline")
 EXIT_CODES = """exit codes:
   0   passed (also when there is no baseline to compare with: the table says so)
   1   regression beyond the tolerance (the metrics are pushed: lmforge_canary_passed 0)
@@ -34,30 +32,6 @@ EXIT_CODES = """exit codes:
       push when push.required is true and the run passed (otherwise a failed push is
       logged and shown, and the exit code is the verdict's)
   70  internal error (a bug; the trace is in the log)"""
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmforge-canary", description=__doc__, epilog=EXIT_CODES,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="evaluate, compare with the baseline, push, print (the default command)",
-                         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    make = sub.add_parser("make-baseline", help="record the baseline from a known-good deployment",
-                          epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for command in (run, make):
-        command.add_argument("--endpoint", required=True, help="the inference server's base URL, "
-                             "e.g. http://lmforge-inference:8000")
-        command.add_argument("--eval-set", required=True, metavar="FILE", help="the eval-set file (YAML or JSON)")
-        command.add_argument("--api-key-file", metavar="FILE",
-                             help=f"a file holding the API key (a mounted Secret); else env {API_KEY_ENV}")
-        command.add_argument("--config", help="YAML config file")
-        command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    run.add_argument("--baseline", metavar="FILE", help="the baseline (a path or s3://BUCKET/KEY); missing: the "
-                     "run passes and says there was nothing to compare with")
-    run.add_argument("--pushgateway", metavar="URL", help="push the lmforge_canary_* metrics here")
-    make.add_argument("--output", required=True, metavar="FILE", help="where to write the baseline "
-                      "(a path or s3://BUCKET/KEY; replaced atomically)")
-    return parser
 
 
 def _evaluate(args, config: CanaryConfig) -> tuple[EvalSet, EvalResult, Baseline | None]:
@@ -123,28 +97,30 @@ def make_baseline(args, config: CanaryConfig) -> int:
     return EXIT_PASS
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
-        argv = ["run", *argv]
-    args = _parser().parse_args(argv)
-    log = get_logger("canary")
-    try:
-        config = load_canary_config(args.config, args.set)
-        return run(args, config) if args.command == "run" else make_baseline(args, config)
-    except CLI_ERRORS as exc:
-        exc = as_lmforge_error(exc)  # an OSError (a full disk, say) is a storage error: 4
-        # 1 means "regression" only: an untyped LmforgeError (exit_code 1) counts as internal.
-        code = EXIT_INTERNAL if exc.exit_code == EXIT_REGRESSION else exc.exit_code
-        log.error("failed", command=args.command, error=str(exc), kind=type(exc).__name__, exit_code=code)
-        sys.stdout.flush()
-        sys.stderr.write(f"lmforge-canary {args.command}: error: {exc}\n")
-        return code
-    except Exception as exc:
-        log.error("internal_error", command=args.command, error=repr(exc), exc_info=True)
-        sys.stdout.flush()
-        sys.stderr.write(f"lmforge-canary {args.command}: internal error: {exc!r}\n")
-        return EXIT_INTERNAL
+def build_cli() -> ServiceCli:
+    # 1 means "regression" only: an untyped LmforgeError and a bug exit 70 (EXIT_INTERNAL).
+    cli = ServiceCli("lmforge-canary", service="canary", description=__doc__, epilog=EXIT_CODES,
+                     load_config=load_canary_config, default_command="run", internal_exit_code=EXIT_INTERNAL)
+    run_cmd = cli.command("run", run, help="evaluate, compare with the baseline, push, print (the default command)",
+                          config="load")
+    make = cli.command("make-baseline", make_baseline, help="record the baseline from a known-good deployment",
+                       config="load")
+    for command in (run_cmd, make):
+        command.add_argument("--endpoint", required=True, help="the inference server's base URL, "
+                             "e.g. http://lmforge-inference:8000")
+        command.add_argument("--eval-set", required=True, metavar="FILE", help="the eval-set file (YAML or JSON)")
+        command.add_argument("--api-key-file", metavar="FILE",
+                             help=f"a file holding the API key (a mounted Secret); else env {API_KEY_ENV}")
+    run_cmd.add_argument("--baseline", metavar="FILE", help="the baseline (a path or s3://BUCKET/KEY); missing: the "
+                         "run passes and says there was nothing to compare with")
+    run_cmd.add_argument("--pushgateway", metavar="URL", help="push the lmforge_canary_* metrics here")
+    make.add_argument("--output", required=True, metavar="FILE", help="where to write the baseline "
+                      "(a path or s3://BUCKET/KEY; replaced atomically)")
+    return cli
+
+
+CLI = build_cli()
+main = CLI.main
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Typed errors. A CLI maps any LmforgeError to a clear message and a non-zero exit, and an
 OSError that reaches it (disk full, a file where a directory belongs, no permission) to a
-StorageError: `except CLI_ERRORS as exc: return report_failure(...)`."""
+StorageError: `except CLI_ERRORS as exc: return report_failure(...)`, which every CLI's
+skeleton (lmforge.common.cli) does."""
 
 import errno as _errno
 

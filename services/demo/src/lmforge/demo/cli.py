@@ -17,42 +17,36 @@ import signal
 import sys
 from pathlib import Path
 
+from lmforge.common.cli import EXIT_INTERRUPTED, ServiceCli
 from lmforge.common.errors import LmforgeError, as_lmforge_error
 from lmforge.demo.config import DemoConfig, load_demo_config
 from lmforge.demo.processes import StepFailed, stop_recorded
 from lmforge.demo.staging import discard_staging
 
+# What "a step failed" (exit 1) covers; any other OSError is the workdir's (storage, exit 4).
+STEP_FAILURES = (StepFailed, LmforgeError, RuntimeError, TimeoutError, FileNotFoundError)
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmforge-demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the seven steps, print the summary, keep the servers up until Ctrl-C")
-    run.add_argument("--config", help="YAML config file (lmforge.demo.config.DemoConfig)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    run.add_argument("--no-hold", action="store_true", help="stop the servers after the summary")
-    stop = sub.add_parser("stop", help="stop the processes a demo in WORKDIR left running")
-    stop.add_argument("--workdir", default=DemoConfig.model_fields["workdir"].default)
-    return parser
+
+def _say(log, program: str, exc, **context) -> int:
+    """The demo's failure line: stdout is its progress display, so no JSON log line."""
+    error = as_lmforge_error(exc)
+    sys.stderr.write(f"\nlmforge-demo: {error}\n")
+    return error.exit_code
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "stop":
-        workdir = Path(args.workdir)
-        stopped = stop_recorded(workdir)
-        discard_staging(workdir)
-        print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
-        return 0
-    try:
-        config = load_demo_config(args.config, args.set)
-    except LmforgeError as exc:
-        sys.stderr.write(f"lmforge-demo: {exc}\n")
-        return 2
+def cmd_stop(args: argparse.Namespace, _config: None) -> int:
+    workdir = Path(args.workdir)
+    stopped = stop_recorded(workdir)
+    discard_staging(workdir)
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, config: DemoConfig) -> int:
     if args.no_hold:
         config.hold = False
     from lmforge.demo.platform import LocalPlatform
@@ -63,14 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         demo.run()
     except KeyboardInterrupt:
         sys.stderr.write("\nlmforge-demo: interrupted; stopping everything it started\n")
-        return 130
-    except (StepFailed, LmforgeError, RuntimeError, TimeoutError, FileNotFoundError) as exc:
+        return EXIT_INTERRUPTED
+    except STEP_FAILURES as exc:
         sys.stderr.write(f"\nlmforge-demo: {exc}\n")
         return 1
-    except OSError as exc:
-        error = as_lmforge_error(exc)
-        sys.stderr.write(f"\nlmforge-demo: {error}\n")
-        return error.exit_code
     else:
         if config.hold:
             with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the way a finished demo ends
@@ -80,3 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         demo.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def build_cli() -> ServiceCli:
+    cli = ServiceCli("lmforge-demo", service=None, description=__doc__, load_config=load_demo_config,
+                     config_help="YAML config file (lmforge.demo.config.DemoConfig)", report=_say)
+    run = cli.command("run", cmd_run, config="load",
+                      help="run the seven steps, print the summary, keep the servers up until Ctrl-C")
+    run.add_argument("--no-hold", action="store_true", help="stop the servers after the summary")
+    stop = cli.command("stop", cmd_stop, help="stop the processes a demo in WORKDIR left running")
+    stop.add_argument("--workdir", default=DemoConfig.model_fields["workdir"].default)
+    return cli
+
+
+CLI = build_cli()
+main = CLI.main

@@ -1,24 +1,21 @@
 """`torchrun --nproc_per_node=N -m lmforge.trainer --config FILE [key=value …]`."""
 
-import argparse
 import sys
 
-from lmforge.common.errors import CLI_ERRORS, report_failure
-from lmforge.common.logging import get_logger
+from lmforge.common.cli import ServiceCli
 from lmforge.trainer.config import load_train_config
 from lmforge.trainer.train import train
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmforge.trainer")
-    parser.add_argument("--config", help="YAML config file")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    try:
-        train(load_train_config(args.config, args.overrides))
-    except CLI_ERRORS as exc:
-        return report_failure(get_logger("trainer"), "lmforge trainer", exc)
+def _train(args, config) -> int:
+    train(config)
     return 0
+
+
+CLI = ServiceCli("python -m lmforge.trainer", name="lmforge trainer", service="trainer", load_config=load_train_config,
+                 set_help=None)
+CLI.command(None, _train, config="load")
+main = CLI.main
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ Fault injection for the tests (in the style of LMFORGE_TRAINER_KILL_AT_STEP), co
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import os
 import socket
@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from pydantic import ConfigDict, Field, model_validator
 
+from lmforge.common.cli import ServiceCli
 from lmforge.common.config import StrictModel, load_config
 from lmforge.common.errors import ConfigError, LmforgeError
 from lmforge.common.logging import get_logger
@@ -228,13 +229,8 @@ class PreflightConfig(StrictModel):
         return self
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmforge.trainer.preflight")
-    parser.add_argument("--config", help="YAML config file (the training one works)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
+def preflight(args, config: PreflightConfig) -> int:
     try:
-        config = load_config(PreflightConfig, args.config, args.overrides, env_prefix=ENV_PREFIX)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         # Only a process group is needed, whatever the training parallelism is.
         parallel = ParallelSection(mode="ddp" if world_size > 1 else "none",
@@ -243,13 +239,17 @@ def main(argv=None) -> int:
         report = run_preflight(ctx, config.preflight, timedelta(seconds=config.parallel.timeout_seconds))
         if ctx.is_main:
             sys.stdout.write(json.dumps(report.to_dict()) + "\n")
-    except LmforgeError as exc:
-        sys.stderr.write(f"lmforge-train preflight: error: {exc}\n")
-        return exc.exit_code
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+CLI = ServiceCli("python -m lmforge.trainer.preflight", name="lmforge-train preflight", service="trainer",
+                 load_config=functools.partial(load_config, PreflightConfig, env_prefix=ENV_PREFIX), set_help=None,
+                 config_help="YAML config file (the training one works)")
+CLI.command(None, preflight, config="load")
+main = CLI.main
 
 
 if __name__ == "__main__":

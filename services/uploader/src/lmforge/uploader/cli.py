@@ -8,79 +8,59 @@ import sys
 import threading
 from pathlib import Path
 
-from lmforge.common.errors import CLI_ERRORS, report_failure
+from lmforge.common.cli import ServiceCli
 from lmforge.common.logging import get_logger
-from lmforge.uploader.config import load_uploader_config
+from lmforge.uploader.config import UploaderConfig, load_uploader_config
 from lmforge.uploader.metrics import UploaderMetrics
 from lmforge.uploader.objectstore import open_destination
 from lmforge.uploader.restore import restore
 from lmforge.uploader.retry import RetryPolicy
 from lmforge.uploader.watcher import CheckpointUploader
 
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmforge-uploader", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    watch = sub.add_parser("watch", help="upload each newly committed checkpoint; MANIFEST.json last")
-    watch.add_argument("--dir", required=True, help="the trainer's checkpoint directory (RUN_DIR/checkpoints)")
-    watch.add_argument("--dest", required=True, help="s3://BUCKET/PREFIX/RUN or file:///PATH")
-    watch.add_argument("--exit-when-done", action="store_true", help="exit 0 once the final checkpoint is uploaded")
-    restore_cmd = sub.add_parser("restore", help="download the newest complete checkpoint (init container)")
-    restore_cmd.add_argument("--src", required=True, help="s3://BUCKET/PREFIX/RUN or file:///PATH")
-    restore_cmd.add_argument("--dir", required=True)
-    which = restore_cmd.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, help="this step (it must be complete in the store)")
-    which.add_argument("--latest", action="store_true", help="the newest complete checkpoint (default)")
-    for command in (watch, restore_cmd):
-        command.add_argument("--node-rank", type=int, default=0, metavar="N",
-                             help="this pod's node rank where every node mounts the same checkpoint volume: only "
-                                  "node rank 0 restores and uploads; on the others restore does nothing and watch "
-                                  "stands by until stopped (default 0)")
-        command.add_argument("--endpoint-url", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
-        command.add_argument("--config", help="YAML config file")
-        command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    return parser
+log = get_logger("uploader")
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    log = get_logger("uploader")
+def _retry(config: UploaderConfig) -> RetryPolicy:
+    return RetryPolicy(config.transfer.max_attempts, config.transfer.backoff_seconds,
+                       config.transfer.backoff_max_seconds)
+
+
+def cmd_watch(args: argparse.Namespace, config: UploaderConfig) -> int:
     if args.node_rank != 0:
-        return _stand_by(args.command, args.node_rank, log)
+        return _stand_by(args.command, args.node_rank)
+    retry = _retry(config)
+    destination = open_destination(args.dest, config.transfer, retry, args.endpoint_url)
+    metrics = UploaderMetrics()
+    if config.metrics_port:
+        log.info("metrics_serving", port=metrics.serve(config.metrics_port))
+    uploader = CheckpointUploader(Path(args.dir), destination, config, metrics)
+    retry.should_stop = uploader.cancel.is_set
+    signal.signal(signal.SIGTERM, lambda *_: uploader.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: uploader.request_stop())
     try:
-        config = load_uploader_config(args.config, args.set)
-        retry = RetryPolicy(config.transfer.max_attempts, config.transfer.backoff_seconds,
-                            config.transfer.backoff_max_seconds)
-        uri = args.dest if args.command == "watch" else args.src
-        destination = open_destination(uri, config.transfer, retry, args.endpoint_url)
-        if args.command == "restore":
-            destination.check()
-            try:
-                step = restore(destination, Path(args.dir), args.step)
-            finally:
-                destination.close()
-            log.info("restore_done", step=step)
-            return 0
-        metrics = UploaderMetrics()
-        if config.metrics_port:
-            log.info("metrics_serving", port=metrics.serve(config.metrics_port))
-        uploader = CheckpointUploader(Path(args.dir), destination, config, metrics)
-        retry.should_stop = uploader.cancel.is_set
-        signal.signal(signal.SIGTERM, lambda *_: uploader.request_stop())
-        signal.signal(signal.SIGINT, lambda *_: uploader.request_stop())
-        try:
-            uploader.start()
-            uploader.run(exit_when_done=args.exit_when_done)
-        finally:
-            uploader.close()
-            metrics.close()
-        log.info("exited", reason="stopped" if uploader.stopping.is_set() else "done")
-        return 0
-    except CLI_ERRORS as exc:
-        return report_failure(log, f"lmforge-uploader {args.command}", exc)
+        uploader.start()
+        uploader.run(exit_when_done=args.exit_when_done)
+    finally:
+        uploader.close()
+        metrics.close()
+    log.info("exited", reason="stopped" if uploader.stopping.is_set() else "done")
+    return 0
 
 
-def _stand_by(command: str, node_rank: int, log) -> int:
+def cmd_restore(args: argparse.Namespace, config: UploaderConfig) -> int:
+    if args.node_rank != 0:
+        return _stand_by(args.command, args.node_rank)
+    destination = open_destination(args.src, config.transfer, _retry(config), args.endpoint_url)
+    destination.check()
+    try:
+        step = restore(destination, Path(args.dir), args.step)
+    finally:
+        destination.close()
+    log.info("restore_done", step=step)
+    return 0
+
+
+def _stand_by(command: str, node_rank: int) -> int:
     """Node rank 0 restores and uploads the shared volume. A restore here is done at once; a
     watch, a native sidecar that would be restarted if it exited, waits to be stopped."""
     log.info("standing_by", command=command, node_rank=node_rank, reason="node rank 0 restores and uploads")
@@ -92,6 +72,33 @@ def _stand_by(command: str, node_rank: int, log) -> int:
             pass
         log.info("exited", reason="stopped")
     return 0
+
+
+def build_cli() -> ServiceCli:
+    cli = ServiceCli("lmforge-uploader", service="uploader", description=__doc__, load_config=load_uploader_config)
+    watch = cli.command("watch", cmd_watch, help="upload each newly committed checkpoint; MANIFEST.json last",
+                        config="load")
+    watch.add_argument("--dir", required=True, help="the trainer's checkpoint directory (RUN_DIR/checkpoints)")
+    watch.add_argument("--dest", required=True, help="s3://BUCKET/PREFIX/RUN or file:///PATH")
+    watch.add_argument("--exit-when-done", action="store_true", help="exit 0 once the final checkpoint is uploaded")
+    restore_cmd = cli.command("restore", cmd_restore, help="download the newest complete checkpoint (init container)",
+                              config="load")
+    restore_cmd.add_argument("--src", required=True, help="s3://BUCKET/PREFIX/RUN or file:///PATH")
+    restore_cmd.add_argument("--dir", required=True)
+    which = restore_cmd.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="this step (it must be complete in the store)")
+    which.add_argument("--latest", action="store_true", help="the newest complete checkpoint (default)")
+    for command in (watch, restore_cmd):
+        command.add_argument("--node-rank", type=int, default=0, metavar="N",
+                             help="this pod's node rank where every node mounts the same checkpoint volume: only "
+                                  "node rank 0 restores and uploads; on the others restore does nothing and watch "
+                                  "stands by until stopped (default 0)")
+        command.add_argument("--endpoint-url", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
+    return cli
+
+
+CLI = build_cli()
+main = CLI.main
 
 
 if __name__ == "__main__":

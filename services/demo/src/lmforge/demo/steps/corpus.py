@@ -1,5 +1,5 @@
 """Step 2: the WET files the data pipeline reads, placed where its fetch step looks for them
-(<data>/wet/), so that step keeps them: generated (`lmforge-dataprep sample-data`), or the crawl's
+(<data>/wet/), so that step takes them: generated (`lmforge-sample-data --files N`), or the crawl's
 first files (`lmforge-dataprep fetch`, needs network)."""
 
 from __future__ import annotations
@@ -24,16 +24,13 @@ class Corpus:
 def make_corpus(supervisor: Supervisor, data: DataSection, data_dir: Path) -> Corpus:
     wet_dir = data_dir / WET_DIR
     wet_dir.mkdir(parents=True, exist_ok=True)
-    dataprep = [sys.executable, "-m", "lmforge.dataprep"]
     if data.crawl == SAMPLE_CRAWL:
-        files = [wet_dir / f"sample-{i:05d}{WET_SUFFIX}" for i in range(data.wet_files)]
-        for seed, path in enumerate(files):  # the seeds the pipeline's own fetch step would use
-            supervisor.run("sample-data", [*dataprep, "sample-data", "--output", str(path), "--docs",
-                                           str(data.docs_per_file), "--seed", str(seed)])
+        supervisor.run("sample-data", [sys.executable, "-m", "lmforge.sample_data", "--output", str(wet_dir),
+                                       "--files", str(data.wet_files), "--docs", str(data.docs_per_file)])
     else:
-        supervisor.run("fetch", [*dataprep, "fetch", "--crawl", data.crawl, "--shards", str(data.wet_files),
-                                 "--output", str(wet_dir)], timeout=3600)
-        files = sorted(wet_dir.glob(f"*{WET_SUFFIX}"))
+        supervisor.run("fetch", [sys.executable, "-m", "lmforge.dataprep", "fetch", "--crawl", data.crawl,
+                                 "--shards", str(data.wet_files), "--output", str(wet_dir)], timeout=3600)
+    files = sorted(wet_dir.glob(f"*{WET_SUFFIX}"))
     return Corpus(files, sum(p.stat().st_size for p in files), sum(_text_bytes(p) for p in files))
 
 

@@ -1397,7 +1397,7 @@ def _warc_record(headers: list[tuple[str, str]], payload: bytes) -> bytes:
 
 def _warcinfo_record(rng: random.Random, filename: str, docs: int, seed: int) -> bytes:
     fields = [
-        "Software-Info: lmforge-dataprep sample_data",
+        "Software-Info: lmforge-sample-data",
         "Extracted-Date: Sat, 18 May 2024 00:00:00 GMT",
         f"isPartOf: {CRAWL_NAME}",
         "operator: lmforge (synthetic sample, not crawled)",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
-from lmforge.dataprep.sample_data import (
+from lmforge.sample_data.wet import (
     FOREIGN_LANGUAGES,
     KINDS,
     SPAM_KINDS,

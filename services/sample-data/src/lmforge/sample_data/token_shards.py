@@ -1,5 +1,5 @@
 """A synthetic data-prep output (manifest, shards, a stand-in tokenizer.json) for the
-trainer's benchmarks and tests: tokens with learnable structure, no data-prep run needed."""
+trainer's tests and benchmarks: tokens with learnable structure, no data-prep run needed."""
 
 from __future__ import annotations
 

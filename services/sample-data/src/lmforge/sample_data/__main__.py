@@ -1,0 +1,5 @@
+import sys
+
+from lmforge.sample_data.cli import main
+
+sys.exit(main())
