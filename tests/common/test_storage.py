@@ -42,6 +42,12 @@ def test_open_missing_local_input():
         open_input("/nonexistent/file.wet")
 
 
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:9/a wet file.warc.wet.gz", "/tmp/bad\x00name.wet"])
+def test_malformed_input_uri_is_an_input_error_not_a_crash(uri):
+    with pytest.raises(InputError, match="cannot open input"):
+        open_input(uri)
+
+
 def test_s3_store_and_inputs(s3):
     endpoint, make_bucket = s3
     client = make_bucket("lmf-store")

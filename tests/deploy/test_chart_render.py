@@ -110,12 +110,16 @@ BAD_VALUES = [
     ({"alerts": {"canary": {"stale": {"for": "half an hour"}}}}, "/alerts/canary/stale/for"),
     ({"monitoring": {"serviceMonitors": {"interval": 30}}}, "/monitoring/serviceMonitors/interval"),
     ({"prometheus-pushgateway": {"enabled": "yes"}}, "/prometheus-pushgateway/enabled"),
+    # services' config: sections, their schema generated from each service's model
+    ({"dataprep": {"config": {"langid": {"treshold": 0.5}}}}, "'treshold' not allowed"),
+    ({"dataprep": {"config": {"langid": {"threshold": 1.5}}}}, "/dataprep/config/langid/threshold"),
+    ({"training": {"config": {"optim": {"schedule": "linear"}}}}, "/training/config/optim/schedule"),
+    ({"training": {"config": {"data": {"sources": []}}}}, "/training/config/data/sources"),
+    ({"training": {"uploader": {"config": {"transfer": {"concurrency": 0}}}}},
+     "/training/uploader/config/transfer/concurrency"),
+    ({"inference": {"config": {"engine": {"max_running": "eight"}}}}, "/inference/config/engine/max_running"),
+    ({"canary": {"config": {"tolerance": {"max_score_drop": "a lot"}}}}, "/canary/config/tolerance/max_score_drop"),
 ]
-
-
-@pytest.fixture(scope="module")
-def chart():
-    return Chart.load(CHART)
 
 
 @pytest.mark.parametrize("values, field", BAD_VALUES, ids=[f for _, f in BAD_VALUES])

@@ -10,7 +10,6 @@ The section is the text between BEGIN and END in the README. The services are fo
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import shutil
 import sys
@@ -24,7 +23,8 @@ from annotated_types import Ge, Gt, Le, Lt, MinLen
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from lmforge.common.errors import ConfigError, LmforgeError
+from lmforge.common.errors import ConfigError
+from lmforge.common.generated_file import generated_file_main
 from lmforge.common.storage import atomic_path
 
 BEGIN = "<!-- config-reference:begin -->"
@@ -213,31 +213,10 @@ def is_current(path: Path, markdown: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmforge.common.config_reference", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--readme", type=Path, metavar="FILE", help="rewrite the section between the markers")
-    group.add_argument("--check", type=Path, metavar="FILE", help="exit 1 when the section is out of date")
-    args = parser.parse_args(argv)
-    prog = parser.prog
-    try:
-        markdown = render()
-        if args.readme:
-            changed = update_readme(args.readme, markdown)
-            sys.stdout.write(f"{args.readme}: configuration reference {'updated' if changed else 'up to date'}\n")
-        elif args.check:
-            if not is_current(args.check, markdown):
-                sys.stderr.write(f"{args.check} configuration reference is out of date: run `make docs`\n")
-                return 1
-        else:
-            sys.stdout.write(markdown)
-    except OSError as exc:
-        sys.stderr.write(f"{prog}: error: {exc}\n")
-        return 3
-    except LmforgeError as exc:
-        sys.stderr.write(f"{prog}: error: {exc}\n")
-        return exc.exit_code
-    return 0
+    return generated_file_main(argv, prog="python -m lmforge.common.config_reference", description=__doc__,
+                               what="configuration reference", render=render, update=update_readme,
+                               is_current=is_current, write_flag="--readme",
+                               write_help="rewrite the section between the markers")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import errno
 import fnmatch
 import glob
 import hashlib
+import http.client
 import os
 import secrets
 import shutil
@@ -116,7 +117,7 @@ def open_input(uri: str) -> BinaryIO:
             loc = S3Location.parse(uri)
             return S3Bucket(loc.bucket).open_stream(loc.key)  # botocore StreamingBody: read(n), close()
         return open(local_path_of(uri), "rb")
-    except (OSError, urllib.error.URLError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # ValueError: a malformed URL or path
         raise InputError(f"cannot open input {uri}: {exc}") from exc
     except Exception as exc:  # botocore ClientError, EndpointConnectionError, ...
         if type(exc).__module__.startswith("botocore"):

@@ -14,7 +14,6 @@ the chart passes it on as one, and the service reads it as a number (its own ran
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from pydantic_core import core_schema
 
 from lmforge.common.chart_values import SERVICE_CONFIG, ChartValues
 from lmforge.common.config_reference import load_model
-from lmforge.common.errors import LmforgeError
+from lmforge.common.generated_file import generated_file_main
 from lmforge.common.storage import atomic_path
 
 DRAFT = "https://json-schema.org/draft-07/schema#"
@@ -120,30 +119,8 @@ def write(path: Path, text: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmforge.common.values_schema", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", type=Path, metavar="FILE", help="write the schema to FILE")
-    group.add_argument("--check", type=Path, metavar="FILE", help="exit 1 when FILE is out of date")
-    args = parser.parse_args(argv)
-    try:
-        text = render()
-        if args.write:
-            changed = write(args.write, text)
-            sys.stdout.write(f"{args.write}: {'updated' if changed else 'up to date'}\n")
-        elif args.check:
-            if not is_current(args.check, text):
-                sys.stderr.write(f"{args.check} is out of date: run `make docs`\n")
-                return 1
-        else:
-            sys.stdout.write(text)
-    except OSError as exc:
-        sys.stderr.write(f"{parser.prog}: error: {exc}\n")
-        return 3
-    except LmforgeError as exc:
-        sys.stderr.write(f"{parser.prog}: error: {exc}\n")
-        return exc.exit_code
-    return 0
+    return generated_file_main(argv, prog="python -m lmforge.common.values_schema", description=__doc__,
+                               what="values schema", render=render, update=write, is_current=is_current)
 
 
 if __name__ == "__main__":
