@@ -82,6 +82,17 @@ class TrainMetrics:
                                                    "Step of the last committed checkpoint (-1: none yet)", r)
         self.checkpoint_stall = AbsentUntilSetGauge("lmforge_train_checkpoint_stall_seconds",
                                                     "Seconds the last checkpoint save blocked training", r)
+        # Mixture-of-experts runs only: the step record's moe_* figures (mean over MoE layers and ranks).
+        self.moe = {
+            "moe_load_max_over_mean": AbsentUntilSetGauge(
+                "lmforge_train_moe_load_max_over_mean", "MoE: busiest expert's assignments over the mean", r),
+            "moe_dropped_fraction": AbsentUntilSetGauge(
+                "lmforge_train_moe_dropped_fraction", "MoE: fraction of token-expert assignments dropped", r),
+            "moe_balance_loss": AbsentUntilSetGauge(
+                "lmforge_train_moe_balance_loss", "MoE: load-balancing loss before its coefficient (1: uniform)", r),
+            "moe_z_loss": AbsentUntilSetGauge(
+                "lmforge_train_moe_z_loss", "MoE: router z-loss before its coefficient", r),
+        }
         self.server = None
 
     def serve(self, port: int) -> int:
@@ -99,6 +110,9 @@ class TrainMetrics:
         self.tokens_per_second.set(record["tokens_per_second"])
         if record.get("mfu") is not None:
             self.mfu.set(record["mfu"])
+        for key, gauge in self.moe.items():
+            if record.get(key) is not None:
+                gauge.set(record[key])
         for rank, figures in enumerate(per_rank):
             self.step_seconds.labels(rank=str(rank)).set(figures["step_seconds"])
             self.data_wait.labels(rank=str(rank)).set(figures["data_wait_seconds"])
