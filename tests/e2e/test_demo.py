@@ -5,7 +5,8 @@ runs them, then each step's real outcome checked independently of the demo's own
 - the resumed run's losses continue the interrupted run's curve exactly, both attempts in the
   run's one metrics.jsonl, and the training report the summary links draws them;
 - the checkpoint in S3 verifies (restored through the uploader, every file's sha256 checked);
-- completions come back (with the demo key only), streamed too;
+- completions come back (with the demo key only), streamed too, from the model exported in
+  Hugging Face format, which transformers loads with the same logits;
 - the canary passes against the recorded baseline, and its result is in the Pushgateway;
 - every dashboard panel's query returns data from Prometheus, and the page the summary links
   draws a chart with data for each.
@@ -163,6 +164,22 @@ def test_completions_come_back_with_the_demo_key_only(demo):
         lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and len(lines) > 2
     assert [c["streamed"] for c in platform.summary["serve"]["completions"]] == [False, False, True]
+
+
+def test_the_served_model_is_a_hugging_face_directory_transformers_loads(demo):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lmforge.common.model_package import load_package
+
+    platform, _ = demo
+    model_dir = platform.workdir / "model"
+    ours, meta = load_package(model_dir, require_checksums=True)
+    assert meta["format"] == "hf"
+    hf, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer("The history of the city", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(ids)[0], atol=1e-4, rtol=0)
 
 
 def test_the_canary_passes_and_its_result_is_pushed(demo):

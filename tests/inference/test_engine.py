@@ -6,17 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.common.model import GPT, GPTConfig
+from lmforge.common.model import GPT, GPTConfig, KVCache
 from lmforge.inference.engine import Engine, QueueFull
 from lmforge.inference.sampling import SamplingParams
 
 CONFIG = GPTConfig.preset("tiny", n_layer=2, n_embd=64, n_head=4, vocab_size=101, context_length=48)
+LLAMA = CONFIG.model_copy(update={"norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 1, "qk_norm": True})
+MOE = GPTConfig.model_validate({**LLAMA.model_dump(), "n_kv_head": 2, "moe": {"num_experts": 4}})
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=[CONFIG, LLAMA, MOE], ids=["gpt2", "llama-mqa", "moe"])
+def model(request):
     torch.manual_seed(0)
-    return GPT(CONFIG).eval()
+    return GPT(request.param).eval()
 
 
 @torch.no_grad()
@@ -114,3 +116,11 @@ def test_prompts_that_do_not_fit_are_refused(model):
         engine.add(list(range(48)), SamplingParams())
     with pytest.raises(ValueError, match="empty"):
         engine.add([], SamplingParams())
+
+
+def test_the_cache_is_sized_by_the_key_value_heads():
+    """Multi-query attention over 4 query heads: the engine's cache is a quarter of multi-head's."""
+    engines = [Engine(GPT(config), max_running=3) for config in (CONFIG, LLAMA)]
+    for engine in engines:
+        assert engine.cache.bytes == 3 * CONFIG.context_length * KVCache.bytes_per_token(engine.config)
+    assert engines[0].cache.bytes == 4 * engines[1].cache.bytes

@@ -19,13 +19,16 @@ STEPS = 20
 
 
 def run(run_dir, data, *, nproc=1, mode="none", batch_size=8, kill_at=None, kill_rank=None, restarts=0,
-        dropout=0.1):
+        dropout=0.1, preset=None):
     # Dropout makes the exact-resume tests prove that RNG state is restored; runs compared
     # across world sizes use none, since ranks draw different dropout masks than one process.
-    model = f"model.overrides={{n_layer: 2, n_head: 4, n_embd: 64, context_length: 32, dropout: {dropout}}}"
+    if preset is None:
+        model = [f"model.overrides={{n_layer: 2, n_head: 4, n_embd: 64, context_length: 32, dropout: {dropout}}}"]
+    else:
+        model = [f"model.preset={preset}", f"model.overrides={{dropout: {dropout}}}"]
     overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"data.batch_size={batch_size}",
                  f"parallel.mode={mode}", f"steps={STEPS}", "optim.warmup_steps=2", "optim.lr=0.003",
-                 "checkpoint.every=5", f"run_dir={run_dir}", model]
+                 "checkpoint.every=5", f"run_dir={run_dir}", *model]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("LMFORGE_TRAINER_KILL_AT_STEP", None)
     if kill_at is not None:
@@ -90,6 +93,25 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(reference):
     assert [(r["attempt"], r["status"]) for r in records if r["kind"] == "end"] == [(2, "finished")]  # 1 was killed
     report = (run_dir / "report.html").read_text()
     assert f'class="marker resume" data-step="{resumed}" data-attempt="2"' in report
+
+
+def test_llama_debug_resumes_exactly(tmp_path):
+    """A killed and resumed run of the Llama-style debug preset logs the uninterrupted run's losses
+    (the MoE option: tests/trainer/test_moe_training.py)."""
+    preset = "llama-debug"
+    data = random_output(tmp_path / "data")
+    uninterrupted = run(tmp_path / "ref", data, preset=preset)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
+    expected = losses_by_step(tmp_path / "ref")
+    run_dir = tmp_path / "killed"
+    assert run(run_dir, data, kill_at=12, preset=preset).returncode != 0
+    resumed = run(run_dir, data, preset=preset)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    starts = [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "start"]
+    assert [r["resumed_from"] in (4, 9) for r in starts] == [False, True]  # from a checkpoint, not step 0
+    got = losses_by_step(run_dir)
+    assert sorted(got) == list(range(STEPS))
+    assert max(abs(got[s] - expected[s]) for s in range(STEPS)) < 1e-6
 
 
 def test_half_written_checkpoint_is_ignored(reference):

@@ -1,5 +1,6 @@
 """2-rank DDP and 2-rank FSDP2 (torchrun, gloo, CPU, fp32) match a 1-rank run with the
-same global batch, step by step."""
+same global batch, step by step; for the GPT-2 shape and the Llama-style debug preset (the MoE
+option: tests/trainer/test_moe_training.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -14,13 +17,15 @@ from tests.trainer.helpers import random_output, read_metrics
 
 STEPS = 20
 MODEL = ["model.overrides={n_layer: 2, n_head: 4, n_embd: 64, context_length: 32}"]
+MODELS = {"gpt": MODEL, "llama-debug": ["model.preset=llama-debug"]}
 
 
-def run_trainer(tmp_path, name: str, nproc: int, mode: str, batch_size: int, data, *extra: str) -> list[float]:
+def run_trainer(tmp_path, name: str, nproc: int, mode: str, batch_size: int, data, *extra: str,
+                model: str = "gpt") -> list[float]:
     run_dir = tmp_path / name
     overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"data.batch_size={batch_size}",
                  f"parallel.mode={mode}", f"steps={STEPS}", "optim.warmup_steps=2", "optim.lr=0.003",
-                 f"run_dir={run_dir}", *MODEL, *extra]
+                 f"run_dir={run_dir}", *MODELS[model], *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if nproc == 1:
         command = [sys.executable, "-m", "lmforge.trainer", *overrides]
@@ -34,15 +39,33 @@ def run_trainer(tmp_path, name: str, nproc: int, mode: str, batch_size: int, dat
     return [r["loss"] for r in records]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("parallel")
+class Reference(NamedTuple):
+    tmp: Path
+    data: Path
+    losses: list[float]  # the 1-rank run's
+    model: str
+
+
+def single_rank_reference(tmp_path_factory, model: str) -> Reference:
+    tmp = tmp_path_factory.mktemp(f"parallel-{model}")
     data = random_output(tmp / "data")
-    return tmp, data, run_trainer(tmp, "single", 1, "none", 8, data)
+    return Reference(tmp, data, run_trainer(tmp, "single", 1, "none", 8, data, model=model), model)
 
 
-def test_single_process_learns(reference):
-    _, _, losses = reference
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Reference:
+    return single_rank_reference(tmp_path_factory, "gpt")
+
+
+@pytest.fixture(scope="module")
+def llama_reference(tmp_path_factory) -> Reference:
+    """The Llama-style debug preset: GQA, SwiGLU, RMSNorm, RoPE θ 500,000 with Llama 3's scaling."""
+    return single_rank_reference(tmp_path_factory, "llama-debug")
+
+
+@pytest.mark.parametrize("fixture", ["reference", "llama_reference"])
+def test_single_process_learns(request, fixture):
+    losses = request.getfixturevalue(fixture).losses
     assert losses[-1] < losses[0] - 1.0
 
 
@@ -54,8 +77,15 @@ def test_single_process_learns(reference):
     ("hsdp", "hsdp", ["parallel.replicate_degree=2"]),  # 2 replicas x 1 shard: the 2-D mesh path
 ])
 def test_two_ranks_match_one(reference, name, mode, extra):
-    tmp, data, single = reference
+    tmp, data, single, _ = reference
     losses = run_trainer(tmp, name, 2, mode, 4, data, *extra)
+    assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-4, list(zip(single, losses))
+
+
+@pytest.mark.slow
+def test_llama_debug_on_two_fsdp_ranks_matches_one(llama_reference):
+    tmp, data, single, model = llama_reference
+    losses = run_trainer(tmp, "fsdp", 2, "fsdp", 4, data, model=model)
     assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-4, list(zip(single, losses))
 
 
@@ -64,14 +94,14 @@ def test_two_ranks_match_one(reference, name, mode, extra):
     ("activation-checkpointing", 8, ["parallel.activation_checkpointing=true"]),
 ])
 def test_single_process_variants_match(reference, name, batch_size, extra):
-    tmp, data, single = reference
+    tmp, data, single, _ = reference
     losses = run_trainer(tmp, name, 1, "none", batch_size, data, *extra)
     assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-5, list(zip(single, losses))
 
 
 @pytest.mark.slow
 def test_compiled_model_matches_eager(reference):
-    tmp, data, single = reference
+    tmp, data, single, _ = reference
     losses = run_trainer(tmp, "compiled", 1, "none", 8, data, "parallel.compile=true")
     assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-4, list(zip(single, losses))
 

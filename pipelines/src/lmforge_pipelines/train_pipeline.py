@@ -66,7 +66,8 @@ def train_pipeline(
 
     Args:
         data: Prepared data location (the data pipeline's output), s3://… or a local directory.
-        model_preset: Model size preset: tiny, 124m, 350m, 760m or 1.3b.
+        model_preset: Model preset (`lmforge-train presets` lists them): tiny, 124m … 1.3b, llama-debug …
+            llama-70b, moe-debug, moe-8x1b.
         steps: Optimizer steps.
         nodes: Pods (nodes) of the training job (PyTorchJob: a Master and nodes-1 Workers).
         gpus_per_node: GPUs per node, one training process each; 0 trains on CPU (one process per node).

@@ -1,122 +1,96 @@
-"""The GPT: a decoder-only transformer in the nanoGPT spirit, shared by the trainer,
-inference and canary (install `lmforge-common[model]` for torch).
+"""The decoder-only transformer shared by the trainer, inference and canary, in the nanoGPT
+spirit (install `lmforge-common[model]` for torch).
 
-Pre-norm blocks, rotary (default) or learned positions, `scaled_dot_product_attention`
-(flash attention on GPU), tied input/output embeddings, residual projections initialised
-with std 0.02/sqrt(2·n_layer).
+Pre-norm blocks (LayerNorm or RMSNorm), rotary (default) or learned positions, grouped-query
+`scaled_dot_product_attention` (flash attention on GPU) with optional QK-norm, a GELU or SwiGLU
+MLP or a mixture of experts (lmforge.common.moe), tied or untied embeddings, residual
+projections initialised with std 0.02/sqrt(2·n_layer). The configuration and presets are in
+lmforge.common.model_config, RoPE in lmforge.common.rope, the inference cache in
+lmforge.common.kv_cache; all are importable from here.
+
+The model holds no parallelism (torchtitan's split): the trainer wraps it. Each MLP projection
+is its own Linear, so tensor parallelism can shard mlp.gate and mlp.up by column and mlp.proj
+and attn.proj by row; attn.qkv stays fused (the GPT-2 checkpoints' layout), so a column plan
+for it shards its q, k and v row blocks each on its own.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 from torch import nn
 
-from lmforge.common.config import StrictModel
-from lmforge.common.errors import ConfigError
+from lmforge.common.kv_cache import KVCache
+from lmforge.common.model_config import PRESETS, GPTConfig, RopeScaling
+from lmforge.common.moe import MoE, moe_layers
+from lmforge.common.rope import apply_rope, apply_rope_at, llama3_scaled, rope_frequencies, rope_tables
 
-# GPT-2 / GPT-3 shapes (Radford et al. 2019; Brown et al. 2020, Table 2.1), vocab padded to 64.
-PRESETS: dict[str, dict] = {
-    "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "context_length": 256, "vocab_size": 8192},
-    "124m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "context_length": 1024, "vocab_size": 50304},
-    "350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024, "context_length": 1024, "vocab_size": 50304},
-    "760m": {"n_layer": 24, "n_head": 16, "n_embd": 1536, "context_length": 1024, "vocab_size": 50304},
-    "1.3b": {"n_layer": 24, "n_head": 16, "n_embd": 2048, "context_length": 1024, "vocab_size": 50304},
-}
+__all__ = [
+    "GPT", "PRESETS", "GPTConfig", "KVCache", "RopeScaling", "apply_rope", "apply_rope_at", "flops_per_token",
+    "llama3_scaled", "parameter_counts", "rope_frequencies", "rope_tables",
+]
 
 
-class GPTConfig(StrictModel):
-    vocab_size: int = Field(8192, ge=2)
-    context_length: int = Field(256, ge=1)
-    n_layer: int = Field(4, ge=1)
-    n_head: int = Field(4, ge=1)
-    n_embd: int = Field(128, ge=1)
-    mlp_ratio: int = Field(4, ge=1)
-    positions: Literal["rope", "learned"] = "rope"
-    rope_theta: float = Field(10_000.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    bias: bool = False
-    norm_eps: float = Field(1e-5, gt=0)
+class RMSNorm(nn.Module):
+    """x / rms(x) · weight, computed in fp32 and cast back before the weight (as transformers' Llama)."""
 
-    @model_validator(mode="after")
-    def _shapes(self) -> GPTConfig:
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.positions == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError("rotary positions need an even head dimension")
-        return self
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
 
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
 
-    @classmethod
-    def preset(cls, name: str, **overrides) -> GPTConfig:
-        if name not in PRESETS:
-            raise ConfigError(f"model.preset: unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-        return cls.model_validate({**PRESETS[name], **overrides})
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
 
 
-def rope_tables(config: GPTConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of shape (context_length, head_dim/2)."""
-    half = config.head_dim // 2
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
-    angles = torch.outer(torch.arange(config.context_length, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, H, T, D) by position, rotate-half convention."""
-    first, second = x.float().chunk(2, dim=-1)
-    cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
-    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
-    return rotated.type_as(x)
-
-
-def apply_rope_at(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """apply_rope for tokens at arbitrary positions: x (B, H, T, D), positions (B, T)."""
-    cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (B, 1, T, D/2)
-    first, second = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
-    return rotated.type_as(x)
-
-
-class KVCache:
-    """Keys and values of up to `slots` sequences, each up to the context length: one
-    (slots, heads, context, head_dim) tensor pair per layer. A running sequence owns a slot."""
-
-    def __init__(self, config: GPTConfig, slots: int, device=None, dtype=torch.float32):
-        shape = (slots, config.n_head, config.context_length, config.head_dim)
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.slots = slots
-
-    @property
-    def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+def build_norm(config: GPTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd, config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.heads, self.kv_heads, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        # One fused projection: its outputs are the queries (n_head·head_dim), then the keys,
+        # then the values (kv_heads·head_dim each). GPT-2 checkpoints keep this name and shape.
+        self.qkv = nn.Linear(config.n_embd, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=config.bias)
+        self.proj = nn.Linear(self.heads * self.head_dim, config.n_embd, bias=config.bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, n_head, T, D), keys and values (B, kv_heads, T, D), before RoPE."""
+        batch, time, _ = x.shape
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split([q_size, kv_size, kv_size], dim=2)
+        q = q.view(batch, time, self.heads, self.head_dim)
+        k = k.view(batch, time, self.kv_heads, self.head_dim)
+        v = v.view(batch, time, self.kv_heads, self.head_dim)
+        if self.config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _output(self, y: torch.Tensor) -> torch.Tensor:
+        batch, _, time, _ = y.shape
+        return self.proj(y.transpose(1, 2).contiguous().view(batch, time, self.heads * self.head_dim))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        batch, time, channels = x.shape
-        heads = self.config.n_head
-        q, k, v = self.qkv(x).split(channels, dim=2)
-        q, k, v = (t.view(batch, time, heads, channels // heads).transpose(1, 2) for t in (q, k, v))
+        q, k, v = self._project(x)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.config.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
-        return self.proj(y.transpose(1, 2).contiguous().view(batch, time, channels))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
+                                           enable_gqa=self.kv_heads != self.heads)
+        return self._output(y)
 
     def forward_cached(self, x: torch.Tensor, rope, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                        positions: torch.Tensor, first_slot: int | None = None) -> torch.Tensor:
@@ -124,27 +98,28 @@ class CausalSelfAttention(nn.Module):
         their keys and values are written into the cache, then they attend to every cached
         position up to their own. `first_slot` says the slots are first_slot..first_slot+B-1,
         so the cache is read through a view instead of a gathering copy."""
-        batch, time, channels = x.shape
-        heads = self.config.n_head
-        q, k, v = self.qkv(x).split(channels, dim=2)
-        q, k, v = (t.view(batch, time, heads, channels // heads).transpose(1, 2) for t in (q, k, v))
+        batch = x.shape[0]
+        q, k, v = self._project(x)
         if rope is not None:
             q, k = apply_rope_at(q, *rope, positions), apply_rope_at(k, *rope, positions)
         rows = slots[:, None]
-        keys[rows, :, positions] = k.transpose(1, 2).to(keys.dtype)  # (B, T, H, D) at (slot, :, position)
+        keys[rows, :, positions] = k.transpose(1, 2).to(keys.dtype)  # (B, T, kv_heads, D) at (slot, :, position)
         values[rows, :, positions] = v.transpose(1, 2).to(values.dtype)
         span = int(positions.max()) + 1
         mask = torch.arange(span, device=x.device)[None, None, None, :] <= positions[:, None, :, None]
         rows_read = slice(first_slot, first_slot + batch) if first_slot is not None else slots
         y = F.scaled_dot_product_attention(q, keys[rows_read, :, :span].to(q.dtype),
-                                           values[rows_read, :, :span].to(q.dtype), attn_mask=mask)
-        return self.proj(y.transpose(1, 2).contiguous().view(batch, time, channels))
+                                           values[rows_read, :, :span].to(q.dtype), attn_mask=mask,
+                                           enable_gqa=self.kv_heads != self.heads)
+        return self._output(y)
 
 
 class MLP(nn.Module):
+    """GPT-2's: proj(gelu(fc(x)))."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
-        hidden = config.mlp_ratio * config.n_embd
+        hidden = config.ffn_hidden_size
         self.fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
 
@@ -152,13 +127,40 @@ class MLP(nn.Module):
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
 
 
+class SwiGLU(nn.Module):
+    """Llama's: proj(silu(gate(x)) · up(x)) (Shazeer 2020)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        hidden = config.ffn_hidden_size
+        self.gate = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.up = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.silu(self.gate(x)) * self.up(x))
+
+
+def build_mlp(config: GPTConfig) -> nn.Module:
+    if config.moe is not None:
+        hidden = config.moe.expert_hidden or config.ffn_hidden_size
+        return MoE(config.n_embd, hidden, config.moe, activation=config.mlp, bias=config.bias,
+                   residual_std=residual_init_std(config))
+    return SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
+
+
+def residual_init_std(config: GPTConfig) -> float:
+    """The init std of the projections that write into the residual stream (GPT-2's scaling)."""
+    return 0.02 / math.sqrt(2 * config.n_layer)
+
+
 class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+        self.ln_1 = build_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
-        self.mlp = MLP(config)
+        self.ln_2 = build_norm(config)
+        self.mlp = build_mlp(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
@@ -178,9 +180,10 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.context_length, config.n_embd) if config.positions == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+        self.ln_f = build_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied embeddings
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
         if config.positions == "rope":
             cos, sin = rope_tables(config)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -188,18 +191,24 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        """Normal(0, 0.02) weights, residual projections (each `proj`) scaled by 1/sqrt(2·n_layer),
+        zero biases, unit norms; an MoE layer initialises its router and batched experts alike."""
+        std, residual_std = 0.02, residual_init_std(self.config)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                std = residual_std if name.endswith(("attn.proj", "mlp.proj")) else 0.02
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                nn.init.normal_(module.weight, mean=0.0, std=residual_std if name.endswith(".proj") else std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, (nn.LayerNorm, RMSNorm)):
+                module.reset_parameters()
+            elif isinstance(module, MoE):
+                module.reset_parameters(residual_std)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits (B, T, vocab); with targets also the mean cross-entropy loss."""
+        """Logits (B, T, vocab); with targets also the mean cross-entropy loss (in training
+        plus the MoE layers' auxiliary losses)."""
         time = idx.shape[1]
         if time > self.config.context_length:
             raise ValueError(f"sequence of {time} tokens exceeds the context length {self.config.context_length}")
@@ -214,6 +223,9 @@ class GPT(nn.Module):
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if self.training:  # a validation loss stays the pure cross-entropy
+            for moe in self._moe_layers():
+                loss = loss + moe.aux_loss
         return logits, loss
 
     @torch.no_grad()
@@ -235,20 +247,62 @@ class GPT(nn.Module):
             x = block.forward_cached(x, rope, cache.keys[layer], cache.values[layer], slots, positions, first_slot)
         return self.lm_head(self.ln_f(x))
 
+    def _moe_layers(self) -> list[MoE]:
+        return moe_layers(self) if self.config.moe is not None else []
+
+    def moe_stats(self) -> dict[str, float]:
+        """The MoE layers' statistics of their last forward (load max/mean, dropped fraction,
+        aux losses), averaged over layers; {} for a dense model."""
+        layers = [moe.stats for moe in self._moe_layers() if getattr(moe, "stats", None)]
+        if not layers:
+            return {}
+        return {key: sum(stats[key] for stats in layers) / len(layers) for key in layers[0]}
+
     def num_params(self, non_embedding: bool = False) -> int:
-        """Parameters counted once (the tied head is the embedding)."""
+        """Parameters counted once (a tied head is the embedding)."""
         total = sum(p.numel() for p in self.parameters())
         if non_embedding:
             total -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
         return total
 
 
+def parameter_counts(config: GPTConfig) -> tuple[int, int]:
+    """(total, active per token) parameters of the model `config` describes, counted on
+    torch's meta device (no memory is allocated, so llama-70b counts in a second). Active
+    leaves out the routed experts a token does not use (E − top_k of them per MoE layer)."""
+    with torch.device("meta"):
+        total = GPT(config).num_params()
+    if config.moe is None:
+        return total, total
+    hidden = config.moe.expert_hidden or config.ffn_hidden_size
+    unused = config.n_layer * (config.moe.num_experts - config.moe.top_k) * _expert_params(config, hidden)
+    return total, total - unused
+
+
+def _expert_params(config: GPTConfig, hidden: int) -> int:
+    """Weights and biases of one MLP (or expert) with this hidden size."""
+    matrices = 3 if config.mlp == "swiglu" else 2
+    biases = ((matrices - 1) * hidden + config.n_embd) if config.bias else 0
+    return matrices * config.n_embd * hidden + biases
+
+
+def _active_mlp_matmul_params(config: GPTConfig) -> int:
+    matrices = 3 if config.mlp == "swiglu" else 2
+    if config.moe is None:
+        return matrices * config.n_embd * config.ffn_hidden_size
+    hidden = config.moe.expert_hidden or config.ffn_hidden_size
+    experts = config.moe.top_k + (1 if config.moe.shared_expert else 0)
+    return experts * matrices * config.n_embd * hidden + config.n_embd * config.moe.num_experts  # + the router
+
+
 def flops_per_token(config: GPTConfig, seq_len: int | None = None) -> float:
     """Training FLOPs per token, PaLM appendix B / nanoGPT: 6·N + 12·L·d·T, where N counts
-    the matmul parameters (blocks and the output head; embeddings lookups are free) and the
-    second term is attention's QKᵀ and AV over a context of T tokens."""
+    the matmul parameters a token passes through (blocks and the output head; embedding
+    lookups are free; grouped-query attention's smaller key/value projections; an MoE layer's
+    router and top_k experts, not all E) and the second term is attention's QKᵀ and AV over a
+    context of T tokens (per query head, so GQA does not change it)."""
     seq_len = seq_len or config.context_length
     d, layers = config.n_embd, config.n_layer
-    per_block = 4 * d * d + 2 * config.mlp_ratio * d * d  # qkv + proj, fc + proj
-    matmul_params = layers * per_block + config.vocab_size * d
-    return 6 * matmul_params + 12 * layers * d * seq_len
+    attention = d * config.head_dim * (2 * config.n_head + 2 * config.kv_heads)  # qkv + proj
+    matmul_params = layers * (attention + _active_mlp_matmul_params(config)) + config.vocab_size * d
+    return 6 * matmul_params + 12 * layers * config.n_head * config.head_dim * seq_len

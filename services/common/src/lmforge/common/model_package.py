@@ -8,7 +8,8 @@
 Weights are read with safetensors only: nothing is unpickled. `verify_package` checks a
 package without loading it; `load_package` verifies and loads. Packages written before the
 `files` checksums load as before; `require_checksums` (what a model pointer's packages get)
-refuses them.
+refuses them. A Hugging Face format directory (`export --format hf`, lmforge.common.hf_package)
+verifies and loads through the same two functions.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
+from lmforge.common import hf_package
 from lmforge.common.errors import InputError, StorageError
 from lmforge.common.model import GPT, GPTConfig
 from lmforge.common.storage import S3Store, atomic_dir, chmod_as_plain_write, local_path_of, scheme_of, sha256_file
@@ -28,7 +30,10 @@ TIED = "lm_head.weight"
 
 
 def package_state(model: GPT) -> dict:
-    return {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items() if name != TIED}
+    """The weights to store: all but a tied output head (it is the token embedding)."""
+    tied = model.config.tie_embeddings
+    return {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()
+            if not (tied and name == TIED)}
 
 
 def write_package(model: GPT, tokenizer: str | Path, output: str | Path, *, step: int) -> Path:
@@ -78,11 +83,24 @@ def fetch_package(uri: str, cache_dir: str | Path | None = None) -> Path:
     return local.parent
 
 
+def _hf_config(path: Path) -> dict | None:
+    """config.json when it is a transformers config (a Hugging Face format package), else None."""
+    try:
+        meta = json.loads((path / CONFIG).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # the lmforge format's checks below name what is wrong
+    return meta if hf_package.is_hf_config(meta) else None
+
+
 def verify_package(path: str | Path, *, require_checksums: bool = False) -> dict:
     """The package's config.json, once the files are there, the format is known, the tokenizer
     is the one the model was trained with and each file matches its `files` checksum (required
-    with `require_checksums`). Raises InputError naming what is wrong."""
+    with `require_checksums`). Raises InputError naming what is wrong. A Hugging Face format
+    package gives its description in the same terms (hf_package.verify_hf_package)."""
     path = Path(path)
+    hf_meta = _hf_config(path)
+    if hf_meta is not None:
+        return hf_package.verify_hf_package(path, hf_meta, require_checksums=require_checksums)
     for name in (WEIGHTS, CONFIG, TOKENIZER):
         if not (path / name).is_file():
             raise InputError(f"{path}: not a model package ({name} missing)")
@@ -119,9 +137,13 @@ def load_package(path: str | Path, device: str = "cpu", *, require_checksums: bo
 
     path = Path(path)
     meta = verify_package(path, require_checksums=require_checksums)
-    model = GPT(GPTConfig.model_validate(meta["model"]))
-    state = load_file(str(path / WEIGHTS), device="cpu")
+    if meta.get("format") == "hf":
+        config, state = hf_package.read_hf_state(path, meta["hf_config"])
+        meta = {**meta, "model": config.model_dump()}
+    else:
+        config, state = GPTConfig.model_validate(meta["model"]), load_file(str(path / WEIGHTS), device="cpu")
+    model = GPT(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - {TIED}:
+    if unexpected or set(missing) - ({TIED} if model.config.tie_embeddings else set()):
         raise InputError(f"{path}: weights do not fit the config (missing {missing}, unexpected {unexpected})")
     return model.to(device).eval(), meta

@@ -145,7 +145,8 @@ class LocalPlatform:
             out = self.workdir / "serve"
             out.mkdir(parents=True, exist_ok=True)
             url = start_server(self.supervisor, serve, self.workdir / "model", self.ports["inference"], out)
-            self.progress.note(f"model package {self.workdir / 'model'} (from {final.name}) served at {url}")
+            self.progress.note(f"model package {self.workdir / 'model'} (from {final.name}; Hugging Face format) "
+                               f"served at {url}")
             completions = []
             for index, prompt in enumerate(serve.prompts):
                 done = complete(url, serve.api_key, prompt, serve.max_tokens, stream=index == len(serve.prompts) - 1)

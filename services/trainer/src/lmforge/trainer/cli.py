@@ -1,9 +1,11 @@
 """`lmforge-train`: `run` and `preflight` start torchrun for you; `export` writes the serving package;
-`report` draws a run's report.html from its metrics.jsonl."""
+`report` draws a run's report.html from its metrics.jsonl; `plan` plans a run's cluster layout;
+`presets` prints the model presets' sizes."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import InputError
 from lmforge.common.logging import get_logger
+from lmforge.trainer.planner.command import add_arguments as add_plan_arguments
 
 TORCHRUN_MODULES = {"run": "lmforge.trainer", "preflight": "lmforge.trainer.preflight"}
 
@@ -27,8 +30,8 @@ def cmd_torchrun(args: argparse.Namespace, _config: None) -> int:
 def cmd_export(args: argparse.Namespace, _config: None) -> int:
     from lmforge.trainer.export import export as export_package
 
-    path = export_package(args.checkpoint, args.output)
-    get_logger("trainer").info("exported", checkpoint=args.checkpoint, output=str(path))
+    path = export_package(args.checkpoint, args.output, package_format=args.format)
+    get_logger("trainer").info("exported", checkpoint=args.checkpoint, output=str(path), format=args.format)
     return 0
 
 
@@ -40,6 +43,21 @@ def cmd_report(args: argparse.Namespace, _config: None) -> int:
         raise InputError(f"{args.run_dir} has no metrics.jsonl: not a run directory, or the run logged nothing yet")
     path = write_report(run_dir, Path(args.output) if args.output else None)
     get_logger("trainer").info("report_written", path=str(path))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, _config: None) -> int:
+    from lmforge.trainer.planner.command import run as run_plan
+
+    return run_plan(args)
+
+
+def cmd_presets(args: argparse.Namespace, _config: None) -> int:
+    from lmforge.common.model_sizes import format_preset_sizes, preset_sizes, preset_sizes_json
+
+    sizes = preset_sizes()
+    sys.stdout.write(json.dumps(preset_sizes_json(sizes), indent=1) + "\n" if args.json
+                     else format_preset_sizes(sizes) + "\n")
     return 0
 
 
@@ -57,10 +75,20 @@ def build_cli() -> ServiceCli:
                          help="a committed checkpoint → model.safetensors, config.json, tokenizer.json")
     export.add_argument("--checkpoint", required=True)
     export.add_argument("--output", required=True)
+    export.add_argument("--format", choices=("lmforge", "hf"), default="lmforge",
+                        help="hf: a Hugging Face transformers directory (AutoModelForCausalLM, vLLM, lm-eval; "
+                             "lmforge-serve loads it too); a model no transformers architecture matches exactly "
+                             "is refused (exit 2)")
     report = cli.command("report", cmd_report, help="RUN_DIR/metrics.jsonl → a self-contained report.html (the "
                                                     "trainer also writes it at each checkpoint and at the end)")
     report.add_argument("--run-dir", required=True)
     report.add_argument("--output", help="default: RUN_DIR/report.html")
+    plan = cli.command("plan", cmd_plan, help="capacity plan: memory, communication, step time and cost of each "
+                                               "parallel layout on a cluster, and the recommended one as chart values")
+    add_plan_arguments(plan)
+    presets = cli.command("presets", cmd_presets,
+                          help="every model preset's shape, parameter count and KV-cache size")
+    presets.add_argument("--json", action="store_true", help="a JSON list instead of the table")
     return cli
 
 

@@ -15,6 +15,8 @@ ENV_PREFIX = "LMFORGE_TRAINER"
 class ModelSection(StrictModel):
     preset: str = "tiny"
     overrides: dict[str, Any] = Field(default_factory=dict, description="any GPTConfig field, e.g. n_layer: 2")
+    init_from: str = Field("", description="continued pretraining: a local model package (lmforge or Hugging Face "
+                           "format) whose architecture and weights the run starts from; preset is then unused")
 
     def build(self, vocab_size: int | None = None) -> GPTConfig:
         fields = dict(self.overrides)
@@ -111,7 +113,8 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _checks(self) -> TrainConfig:
-        self.model.build()  # an invalid model shape fails here, naming the field
+        if not self.model.init_from:  # (init_from's shape is the package's, checked when the run starts)
+            self.model.build()  # an invalid model shape fails here, naming the field
         return self
 
 

@@ -1,5 +1,7 @@
-"""`lmforge-train export`: a committed checkpoint → the serving package (model_package).
-The checkpoint is read through checkpoint_reader: nothing in it is run as code."""
+"""`lmforge-train export`: a committed checkpoint → the serving package, in lmforge's format
+(model_package, the default) or Hugging Face transformers' (`--format hf`, hf_package: loads in
+transformers, lm-evaluation-harness and vLLM, and in lmforge-serve alike). The checkpoint is
+read through checkpoint_reader: nothing in it is run as code."""
 
 from __future__ import annotations
 
@@ -8,16 +10,21 @@ import json
 import tempfile
 from pathlib import Path
 
-from lmforge.common import model_package
+from lmforge.common import hf_config, hf_package, model_package
 from lmforge.common.checkpoint_layout import BAD_MARKER, COMMIT_MARKER
-from lmforge.common.errors import InputError, StorageError
-from lmforge.common.model import GPT
+from lmforge.common.errors import ConfigError, InputError, StorageError
+from lmforge.common.hf_tokenizer import DEFAULT_EOS
+from lmforge.common.model import GPT, GPTConfig
 from lmforge.common.storage import S3Store, scheme_of
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.config import TrainConfig
 
+FORMATS = ("lmforge", "hf")
 
-def export(checkpoint: str | Path, output: str | Path) -> Path:
+
+def export(checkpoint: str | Path, output: str | Path, *, package_format: str = "lmforge") -> Path:
+    if package_format not in FORMATS:
+        raise ConfigError(f"export format {package_format!r}: choose one of {', '.join(FORMATS)}")
     checkpoint, output = Path(checkpoint), Path(output)
     if not (checkpoint / COMMIT_MARKER).exists():
         raise InputError(f"{checkpoint}: not a committed checkpoint (no {COMMIT_MARKER})")
@@ -29,12 +36,22 @@ def export(checkpoint: str | Path, output: str | Path) -> Path:
         tokenizer, manifest = _source_files(config.data.sources[0].path, Path(scratch))
         if not tokenizer.is_file() or hashlib.sha256(tokenizer.read_bytes()).hexdigest() != meta["tokenizer_sha256"]:
             raise InputError(f"{tokenizer}: missing, or not the tokenizer this checkpoint was trained with")
-        vocab_size = json.loads(manifest.read_text())["tokenizer"]["vocab_size"]
-        model = GPT(config.model.build(vocab_size=vocab_size))
+        tokenizer_info = json.loads(manifest.read_text())["tokenizer"]
+        if "model_config" in meta:  # the shape the run trained (a model.init_from run's is not its preset's)
+            model_config = GPTConfig.model_validate(meta["model_config"])
+        else:
+            model_config = config.model.build(vocab_size=tokenizer_info["vocab_size"])
+        if package_format == "hf":
+            hf_config.hf_model_type(model_config)  # refuses an unmappable model before the weights are read
+        model = GPT(model_config)
         state = {"model": model.state_dict()}
         load_state(state, SafeFileSystemReader(checkpoint))  # consolidates the shards of any world size
         model.load_state_dict(state["model"])
-        model_package.write_package(model, tokenizer, output, step=meta["step"])
+        if package_format == "hf":
+            eos = tokenizer_info.get("eot_token", DEFAULT_EOS)
+            hf_package.write_hf_package(model, tokenizer, output, step=meta["step"], eos_token=eos)
+        else:
+            model_package.write_package(model, tokenizer, output, step=meta["step"])
     return output
 
 

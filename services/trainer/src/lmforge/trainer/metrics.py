@@ -9,17 +9,7 @@ import torch
 from prometheus_client import Counter, Gauge
 
 from lmforge.common.metrics import AbsentUntilSetGauge, new_registry, serve_metrics
-
-# Dense bf16 peak FLOP/s per device, from the vendors' datasheets (no sparsity).
-PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,  # SXM; the PCIe part is lower, set metrics.peak_flops for it
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 125e12,
-    "L4": 121e12,
-}
-
+from lmforge.trainer.planner.hardware import GPUS
 
 def device_peak_flops(device: torch.device, configured: float | None) -> float | None:
     """The configured peak, else the datasheet figure for a known GPU, else None (no MFU)."""
@@ -28,7 +18,8 @@ def device_peak_flops(device: torch.device, configured: float | None) -> float |
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+    # the planner's table (dense bf16); an H100 PCIe reports "H100 PCIe": set metrics.peak_flops for it
+    return next((gpu.peak_bf16_flops for key, gpu in GPUS.items() if key in name), None)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -82,6 +73,17 @@ class TrainMetrics:
                                                    "Step of the last committed checkpoint (-1: none yet)", r)
         self.checkpoint_stall = AbsentUntilSetGauge("lmforge_train_checkpoint_stall_seconds",
                                                     "Seconds the last checkpoint save blocked training", r)
+        # Mixture-of-experts runs only: the step record's moe_* figures (mean over MoE layers and ranks).
+        self.moe = {
+            "moe_load_max_over_mean": AbsentUntilSetGauge(
+                "lmforge_train_moe_load_max_over_mean", "MoE: busiest expert's assignments over the mean", r),
+            "moe_dropped_fraction": AbsentUntilSetGauge(
+                "lmforge_train_moe_dropped_fraction", "MoE: fraction of token-expert assignments dropped", r),
+            "moe_balance_loss": AbsentUntilSetGauge(
+                "lmforge_train_moe_balance_loss", "MoE: load-balancing loss before its coefficient (1: uniform)", r),
+            "moe_z_loss": AbsentUntilSetGauge(
+                "lmforge_train_moe_z_loss", "MoE: router z-loss before its coefficient", r),
+        }
         self.server = None
 
     def serve(self, port: int) -> int:
@@ -99,6 +101,9 @@ class TrainMetrics:
         self.tokens_per_second.set(record["tokens_per_second"])
         if record.get("mfu") is not None:
             self.mfu.set(record["mfu"])
+        for key, gauge in self.moe.items():
+            if record.get(key) is not None:
+                gauge.set(record[key])
         for rank, figures in enumerate(per_rank):
             self.step_seconds.labels(rank=str(rank)).set(figures["step_seconds"])
             self.data_wait.labels(rank=str(rank)).set(figures["data_wait_seconds"])

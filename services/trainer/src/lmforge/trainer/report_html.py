@@ -145,6 +145,33 @@ METRICS = (
 )
 
 
+# Drawn for a mixture-of-experts run only (its step records carry these keys; mean over layers and ranks).
+MOE_METRICS = (
+    Metric(
+        "moe_load_max_over_mean",
+        "MoE expert load (busiest expert over the mean)",
+        "moe_load_max_over_mean",
+        "assignments, max / mean",
+        number,
+    ),
+    Metric(
+        "moe_dropped_fraction",
+        "MoE dropped tokens (over an expert's capacity)",
+        "moe_dropped_fraction",
+        "dropped (% of token-expert assignments)",
+        lambda v, _digits: percent(v),
+    ),
+    Metric(
+        "moe_balance_loss",
+        "MoE load-balancing loss (before its coefficient)",
+        "moe_balance_loss",
+        "E · Σ f·P (1: uniform)",
+        number,
+    ),
+    Metric("moe_z_loss", "MoE router z-loss (before its coefficient)", "moe_z_loss", "mean logsumexp²", number),
+)
+
+
 @dataclass(frozen=True)
 class ChartSection:
     name: str
@@ -224,6 +251,11 @@ def _metric_section(metric: Metric, view: RunView) -> ChartSection:
     return _chart_section(metric.name, metric.title, metric.axis, lines, view, metric.fmt, metric.missing)
 
 
+def _metrics(view: RunView) -> tuple[Metric, ...]:
+    moe = any("moe_load_max_over_mean" in r for r in view.steps)
+    return METRICS + MOE_METRICS if moe else METRICS
+
+
 def _clock(timestamp) -> str:
     t = _finite(timestamp)
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
@@ -301,7 +333,7 @@ def render_report(records: list[dict], *, title: str = "lmforge training report"
         facts=_facts(config),
         stats=_stats(view),
         attempts=_attempt_rows(view),
-        sections=[_loss_section(view), *(_metric_section(metric, view) for metric in METRICS)],
+        sections=[_loss_section(view), *(_metric_section(metric, view) for metric in _metrics(view))],
         drawn_at=_clock(time.time()),
     )
 

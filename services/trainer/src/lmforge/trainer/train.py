@@ -23,11 +23,13 @@ import torch.distributed as dist
 
 from lmforge.common.errors import LmforgeError
 from lmforge.common.model import GPT, GPTConfig, flops_per_token
+from lmforge.common.moe import update_router_biases
 from lmforge.trainer import faults
 from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_latest
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
 from lmforge.trainer.data_sync import sync_sources
+from lmforge.trainer.init_from import initial_weights, load_initial_state
 from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_bytes
 from lmforge.trainer.optim import build_optimizer, learning_rate
 from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
@@ -137,7 +139,12 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, ctx: Dist, run: RunLog, paths: list[Path], sampler: MixtureSampler):
         self.config, self.ctx, self.run, self.sampler = config, ctx, run, sampler
-        model_config = config.model.build(vocab_size=sampler.sources[0].vocab_size)
+        source = sampler.sources[0]
+        self.initial_state = None  # model.init_from's weights, copied in before parallelize
+        if config.model.init_from:
+            model_config, self.initial_state = initial_weights(config.model, source.vocab_size, source.tokenizer_sha256)
+        else:
+            model_config = config.model.build(vocab_size=source.vocab_size)
         self.model, self.optimizer = self._build_model(model_config)
 
         self.tokens_per_step = config.data.batch_size * config.data.seq_len * config.grad_accum * ctx.world_size
@@ -149,6 +156,7 @@ class Trainer:
             "config": config.model_dump(mode="json"),
             "tokenizer_sha256": sampler.sources[0].tokenizer_sha256,
             "world_size": ctx.world_size,
+            "model_config": model_config.model_dump(mode="json"),  # export's shape (init_from's is not the preset's)
         }
         self.checkpointer = Checkpointer(
             self.checkpoints,
@@ -167,7 +175,12 @@ class Trainer:
     def _build_model(self, model_config: GPTConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         ctx = self.ctx
         torch.manual_seed(self.config.seed)  # same initial weights on every rank
-        model = GPT(model_config).to(ctx.device)
+        model = GPT(model_config)
+        if self.initial_state is not None:
+            load_initial_state(model, self.initial_state)
+            self.initial_state = None
+        model = model.to(ctx.device)
+        self.moe_stats = model.moe_stats  # on the GPT itself: DDP and compile wrap it
         n_params = model.num_params()
         model = parallelize(model, self.config.parallel, ctx)
         optimizer = build_optimizer(model, self.config.optim, fused=ctx.device.type == "cuda")
@@ -254,6 +267,7 @@ class Trainer:
             return None
         self.nonfinite_in_a_row = 0
         self.optimizer.step()
+        update_router_biases(self.model)  # MoE with balancing=bias: this step's expert loads, summed over ranks
         if not self.memory_logged:  # the optimizer state exists from the first step on
             self.run.record("memory", {"step": step, "rank": self.ctx.rank, **state_bytes(self.model, self.optimizer)})
             self.memory_logged = True
@@ -288,12 +302,15 @@ class Trainer:
         """The step record (rank 0), with every rank's timings and memory (a collective: all ranks call it)."""
         ctx, sources = self.ctx, self.sampler.sources
         counts = [float(self.mixture[i]) for i in range(len(sources))]
-        figures = [step_seconds, result.data_wait, float(peak_memory_bytes(ctx.device)), *counts]
+        moe = self.moe_stats()  # the step's last micro-batch; {} for a dense model
+        figures = [step_seconds, result.data_wait, float(peak_memory_bytes(ctx.device)), *counts, *moe.values()]
         per_rank = gather_rank_figures(figures, ctx)
         if not ctx.is_main:
             return
         ranks = [{"step_seconds": r[0], "data_wait_seconds": r[1], "peak_memory_bytes": int(r[2])} for r in per_rank]
         totals = [sum(r[3 + i] for r in per_rank) for i in range(len(sources))]
+        first_moe = 3 + len(sources)
+        moe_means = {f"moe_{key}": sum(r[first_moe + i] for r in per_rank) / len(per_rank) for i, key in enumerate(moe)}
         flops_per_second = self.flops_per_step / step_seconds
         record = {
             "step": step,
@@ -306,6 +323,7 @@ class Trainer:
             "tokens_per_second": self.tokens_per_step / step_seconds,
             "flops_per_second": flops_per_second,
             "mfu": flops_per_second / ctx.world_size / self.peak_flops if self.peak_flops else None,
+            **moe_means,
             "peak_memory_bytes": ranks[0]["peak_memory_bytes"],
             "mixture": {s.name: c / max(sum(totals), 1) for s, c in zip(sources, totals, strict=True)},
             "ranks": ranks,

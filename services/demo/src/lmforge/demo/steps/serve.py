@@ -1,4 +1,5 @@
-"""Step 5: the model package exported from the final checkpoint, the inference server on it with
+"""Step 5: the model package exported from the final checkpoint (in Hugging Face format: the same
+directory loads in transformers, lm-evaluation-harness and vLLM), the inference server on it with
 the demo API key, a few completions (the last one streamed), and the canary: its eval set drawn
 from the validation split, a baseline recorded, then a run against the baseline that pushes its
 result to the Pushgateway."""
@@ -41,7 +42,7 @@ class CanaryOutcome:
 
 def export_package(supervisor: Supervisor, checkpoint: Path, output: Path) -> None:
     supervisor.run("export", [script("lmforge-train"), "export", "--checkpoint", str(checkpoint),
-                              "--output", str(output)])
+                              "--output", str(output), "--format", "hf"])
 
 
 def start_server(supervisor: Supervisor, serve: ServeSection, package: Path, port: int, out: Path) -> str:

@@ -1,0 +1,187 @@
+"""`lmforge-train plan`: arguments and handler (cli.py adds the subparser and calls `run`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+from lmforge.common.config import cli_overrides, format_validation_error
+from lmforge.common.errors import ConfigError
+
+if TYPE_CHECKING:  # the planner's modules import the model's, and torch: only when a plan is made
+    from lmforge.common.model import GPTConfig
+    from lmforge.trainer.planner.search import PlanRequest
+
+DTYPES = ("bf16", "fp32")
+DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 2**20
+CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("model and workload")
+    model.add_argument("--model", required=True, metavar="PRESET", help="a model preset (lmforge.common.model)")
+    model.add_argument(
+        "--shape",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any model field, as the trainer's model.overrides (e.g. n_layer=40)",
+    )
+    model.add_argument("--tokens", type=float, help="tokens to train on (default: 20 per parameter, Chinchilla)")
+    model.add_argument("--seq-len", type=int, help="default: the model's context length")
+    batch = model.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch-tokens", type=float, help=f"default {DEFAULT_GLOBAL_BATCH_TOKENS:,}")
+    batch.add_argument("--global-batch-sequences", type=int)
+
+    hardware = parser.add_argument_group("cluster")
+    hardware.add_argument("--gpu", default="H100", help="H100, H200, B200 or A100 (SXM; datasheet figures)")
+    hardware.add_argument("--nodes", type=int, default=1)
+    hardware.add_argument("--gpus-per-node", type=int, default=8)
+    hardware.add_argument("--nvlink-gb-per-s", type=float, help="GB/s per GPU each way (default: the GPU's)")
+    hardware.add_argument(
+        "--network-gbit-per-s",
+        type=float,
+        help="Gb/s per GPU between nodes (default: the vendor's reference system: 400, A100 200)",
+    )
+    hardware.add_argument("--comm-efficiency", type=float, default=0.8, help="achieved / link bandwidth")
+    hardware.add_argument("--usd-per-gpu-hour", type=float)
+    hardware.add_argument("--precision", choices=("bf16", "fp8"), default="bf16")
+    hardware.add_argument("--peak-tflops", type=float, help="override the GPU's peak (TFLOP/s per GPU)")
+
+    training = parser.add_argument_group("training state and assumptions")
+    dtypes = DTYPES
+    training.add_argument(
+        "--param-dtype",
+        choices=dtypes,
+        default="fp32",
+        help="stored parameters (lmforge's FSDP2 keeps fp32 and computes in bf16)",
+    )
+    training.add_argument("--grad-dtype", choices=dtypes, help="default: the parameters'")
+    training.add_argument("--moment-dtype", choices=dtypes, default="fp32", help="AdamW's two moments")
+    training.add_argument(
+        "--master-weights",
+        action=argparse.BooleanOptionalAction,
+        help="an fp32 master copy (default: when --param-dtype bf16)",
+    )
+    training.add_argument("--reduce-dtype", choices=dtypes, default="fp32")
+    training.add_argument("--activation-checkpointing", choices=("auto", "on", "off"), default="auto")
+    training.add_argument(
+        "--no-flash-attention",
+        dest="flash_attention",
+        action="store_false",
+        help="attention stores its s² scores (Korthikanti's 5as/h term)",
+    )
+    training.add_argument("--memory-headroom", type=float, default=0.10, help="share of GPU memory kept free")
+    training.add_argument("--mfu", type=float, help="a measured MFU: step time from it instead of the model")
+    training.add_argument(
+        "--flops-convention",
+        choices=("6N+attention", "6N"),
+        default="6N+attention",
+        help="FLOPs behind MFU and --mfu: with attention (PaLM) or 6·N·D alone (Kaplan)",
+    )
+
+    layout = parser.add_argument_group("pin layout axes (default: search them)")
+    for axis in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "micro_batch"):
+        layout.add_argument(f"--{axis.replace('_', '-')}", type=int, dest=f"pin_{axis}")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--format", choices=("table", "json", "values"), default="table")
+    output.add_argument("--top", type=int, default=15, help="candidates listed")
+    output.add_argument("--all", action="store_true", help="list every candidate")
+
+
+def _model_config(preset: str, overrides: dict) -> GPTConfig:
+    """The trainer's own model config (model.preset + model.overrides)."""
+    from pydantic import ValidationError
+
+    from lmforge.trainer.config import ModelSection
+
+    try:
+        return ModelSection(preset=preset, overrides=overrides).build()
+    except ValidationError as exc:
+        problems = format_validation_error(exc, "--shape").splitlines()[1:]
+        raise ConfigError("invalid --shape: " + "; ".join(line.strip() for line in problems)) from exc
+
+
+def build_request(args: argparse.Namespace) -> tuple[PlanRequest, dict]:
+    """The plan's inputs from the arguments; raises ConfigError naming the bad one."""
+    from lmforge.trainer.planner.hardware import Cluster, gpu_named
+    from lmforge.trainer.planner.memory import StateConfig
+    from lmforge.trainer.planner.search import PlanRequest
+    from lmforge.trainer.planner.shape import ModelShape
+
+    overrides = cli_overrides(args.shape)
+    config = _model_config(args.model, overrides)
+    seq_len = args.seq_len or config.context_length
+    if seq_len > config.context_length:  # the trainer needs the context to hold a sequence
+        overrides["context_length"] = seq_len
+        config = _model_config(args.model, overrides)
+    shape = ModelShape.from_config(config)
+
+    gpu = gpu_named(args.gpu)
+    cluster = Cluster(
+        gpu=gpu,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        nvlink_bytes_per_s=(args.nvlink_gb_per_s or gpu.nvlink_bytes_per_s / 1e9) * 1e9,
+        network_bytes_per_s=(args.network_gbit_per_s or gpu.network_bits_per_s / 1e9) * 1e9 / 8,
+        comm_efficiency=args.comm_efficiency,
+        usd_per_gpu_hour=args.usd_per_gpu_hour,
+        peak_flops_override=args.peak_tflops * 1e12 if args.peak_tflops else None,
+    )
+    if args.global_batch_sequences is not None:
+        global_batch = args.global_batch_sequences
+    else:
+        global_batch = int((args.global_batch_tokens or DEFAULT_GLOBAL_BATCH_TOKENS) // seq_len)
+    if global_batch < 1:
+        raise ConfigError(f"--global-batch-tokens is less than one sequence of {seq_len} tokens")
+    state = StateConfig(
+        param_dtype=args.param_dtype,
+        grad_dtype=args.grad_dtype,
+        moment_dtype=args.moment_dtype,
+        master_weights=args.master_weights,
+        reduce_dtype=args.reduce_dtype,
+    )
+    pinned = {
+        axis: getattr(args, f"pin_{axis}")
+        for axis in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "micro_batch")
+        if getattr(args, f"pin_{axis}") is not None
+    }
+    request = PlanRequest(
+        shape=shape,
+        cluster=cluster,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        tokens=args.tokens or CHINCHILLA_TOKENS_PER_PARAM * shape.params,
+        precision=args.precision,
+        state=state,
+        activation_checkpointing=args.activation_checkpointing,
+        flash_attention=args.flash_attention,
+        memory_headroom=args.memory_headroom,
+        fixed_mfu=args.mfu,
+        attention_flops=args.flops_convention != "6N",
+        pinned=pinned,
+    )
+    return request, {"preset": args.model, "overrides": overrides}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prints the plan; 0 with a recommendation, 1 when no layout fits, 2 on bad arguments."""
+    from lmforge.trainer.planner.render import plan_document, table, values_yaml
+    from lmforge.trainer.planner.search import search
+
+    request, model = build_request(args)  # a bad argument raises: the CLI prints one line, exits 2
+    candidates, evaluated = search(request)
+    document = plan_document(request, candidates, evaluated, model, args.top, include_all=args.all)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(document, indent=1) + "\n")
+    elif args.format == "values":
+        sys.stdout.write(values_yaml(document))
+    else:
+        sys.stdout.write(table(document))
+    if document["recommended"] is None:
+        sys.stderr.write("lmforge-train plan: no layout fits in GPU memory (see the smallest above)\n")
+        return 1
+    return 0
