@@ -11,6 +11,7 @@ from prometheus_client import Counter, Gauge
 from lmforge.common.metrics import AbsentUntilSetGauge, new_registry, serve_metrics
 from lmforge.trainer.planner.hardware import GPUS
 
+
 def device_peak_flops(device: torch.device, configured: float | None) -> float | None:
     """The configured peak, else the datasheet figure for a known GPU, else None (no MFU)."""
     if configured is not None:
