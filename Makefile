@@ -59,7 +59,7 @@ image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONT
 	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
 
 .PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-train-memory \
-	bench-train-throughput bench-checkpoint bench-upload bench-serve clean
+	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-gpu clean
 .DEFAULT_GOAL := help
 
 # Every target with a `## ` note, one line each (image-SERVICE's note is its own `## ` line).
@@ -133,6 +133,12 @@ bench-upload: setup ## the checkpoint uploader against boto3's upload_file
 
 bench-serve: setup ## lmforge-serve under concurrent streaming load: tokens/s, TTFT, TPOT
 	$(PY) bench/serve/serve_bench.py
+
+# Every GPU figure in docs/benchmarks.md, on a machine with CUDA devices (fails fast without one).
+bench-gpu: setup ## every GPU figure: training MFU (350m, llama-350m, llama-1b, beside the planner's), serving
+	$(PY) bench/train_throughput.py --suite gpu
+	$(PY) bench/train_memory.py --device cuda --preset 350m --ranks 1
+	$(PY) bench/serve/serve_bench.py --suite gpu
 
 # -- Images ---------------------------------------------------------------------------------------
 .PHONY: test-images image-tools base-image images image-locks $(addprefix image-,$(IMAGE_SERVICES))

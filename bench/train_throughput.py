@@ -9,8 +9,9 @@ median over the steps after warm-up of the wall time from one step to the next (
 between its step records, so logging and checkpoint polling count). Target: overhead <= 5%.
 
 --suite gpu (one or more CUDA devices): the trainer's own step records (tokens/s, MFU from
-the datasheet peak) for the 350m preset, sequence 1024, FSDP, torch.compile: bf16 vs fp32,
-then 1 vs N GPUs for the same global batch.
+the datasheet peak), sequence 1024, FSDP, torch.compile, for the GPT-style 350m (bf16 vs fp32,
+then 1 vs N GPUs for the same global batch) and the Llama-style llama-350m and llama-1b (bf16),
+each bf16 run beside what `lmforge-train plan` predicts for it.
 
 Results: bench/out/train-throughput-<suite>.json and a Markdown table.
 """
@@ -108,9 +109,10 @@ def overhead_suite(args) -> dict:
             "overhead_ratio": trainer / bare - 1}
 
 
-def gpu_run(data: Path, run_dir: Path, args, *, nproc: int, mixed_precision: bool, batch: int) -> dict:
+def gpu_run(data: Path, run_dir: Path, args, *, preset: str, nproc: int, mixed_precision: bool,
+            batch: int) -> dict:
     overrides = [f"data.sources=[{{path: {data}}}]", f"data.seq_len={args.seq_len}", f"data.batch_size={batch}",
-                 f"model.preset={args.preset}", f"model.overrides={{context_length: {args.seq_len}}}",
+                 f"model.preset={preset}", f"model.overrides={{context_length: {args.seq_len}}}",
                  "parallel.mode=fsdp", f"parallel.compile={str(args.compile).lower()}",
                  f"parallel.mixed_precision={str(mixed_precision).lower()}", f"steps={args.gpu_steps}",
                  "device=cuda", f"run_dir={run_dir}", "checkpoint.resume=false", "checkpoint.every=0"]
@@ -128,33 +130,63 @@ def gpu_run(data: Path, run_dir: Path, args, *, nproc: int, mixed_precision: boo
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in steps)}
 
 
+def planner_prediction(preset: str, args, device_name: str) -> dict | None:
+    """What `lmforge-train plan` predicts for this run on one GPU (None for a GPU it does not know)."""
+    from lmforge.trainer.planner.hardware import GPUS
+
+    gpu = next((key for key in GPUS if key in device_name), None)
+    if gpu is None:
+        return None
+    command = [sys.executable, "-m", "lmforge.trainer.cli", "plan", "--model", preset,
+               "--seq-len", str(args.seq_len), "--gpu", gpu,
+               "--nodes", "1", "--gpus-per-node", "1", "--global-batch-sequences", str(args.batch),
+               "--micro-batch", str(args.batch), "--activation-checkpointing", "off", "--format", "json"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        return {"error": result.stderr.strip()[-300:]}
+    step = json.loads(result.stdout)["recommended"]["step"]
+    return {"gpu": gpu, "mfu": step["mfu"], "mfu_range": step["mfu_range"], "step_seconds": step["step_seconds"]}
+
+
 def gpu_suite(args) -> dict:
+    """Per preset: bf16 on 1 GPU beside the planner's prediction; for the first preset also fp32,
+    and N GPUs for the same global batch when there are several."""
     import torch
 
+    from lmforge.common.model import GPTConfig
     from lmforge.sample_data.token_shards import synthetic_output
 
     gpus = torch.cuda.device_count()
     if not gpus:
         raise SystemExit("--suite gpu needs a CUDA device")
+    device_name = torch.cuda.get_device_name(0)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        data = synthetic_output(Path(tmp) / "data", vocab_size=50304, train_tokens=20_000_000)
-        for bf16 in (True, False):
-            rows.append(gpu_run(data, Path(tmp) / f"bf16-{bf16}", args, nproc=1, mixed_precision=bf16,
-                                batch=args.batch))
-            print(json.dumps(rows[-1]), flush=True)
-        if gpus > 1 and args.batch % gpus == 0:
-            rows.append(gpu_run(data, Path(tmp) / f"n{gpus}", args, nproc=gpus, mixed_precision=True,
-                                batch=args.batch // gpus))
-            print(json.dumps(rows[-1]), flush=True)
-    return {"suite": "gpu", "device": torch.cuda.get_device_name(0), "gpus": gpus, "preset": args.preset,
+        for index, preset in enumerate(args.preset.split(",")):
+            vocab = GPTConfig.preset(preset).vocab_size  # the data's tokens must fit the model's vocabulary
+            data = synthetic_output(Path(tmp) / f"data-{vocab}", vocab_size=vocab, train_tokens=20_000_000)
+            runs = [(1, True, args.batch)]
+            if index == 0:
+                runs.append((1, False, args.batch))
+                if gpus > 1 and args.batch % gpus == 0:
+                    runs.append((gpus, True, args.batch // gpus))
+            for nproc, bf16, batch in runs:
+                row = gpu_run(data, Path(tmp) / f"{preset}-{nproc}-{bf16}", args, preset=preset, nproc=nproc,
+                              mixed_precision=bf16, batch=batch)
+                row["preset"] = preset
+                if nproc == 1 and bf16:
+                    row["planner"] = planner_prediction(preset, args, device_name)
+                rows.append(row)
+                print(json.dumps(rows[-1]), flush=True)
+    return {"suite": "gpu", "device": device_name, "gpus": gpus, "presets": args.preset,
             "seq_len": args.seq_len, "global_batch": args.batch, "compile": args.compile, "rows": rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=["overhead", "gpu"], default="overhead")
-    parser.add_argument("--preset", default=None, help="default: tiny (overhead), 350m (gpu)")
+    parser.add_argument("--preset", default=None, help="default: tiny (overhead); gpu: a comma list, default "
+                        "350m,llama-350m,llama-1b")
     parser.add_argument("--seq-len", type=int, default=None, help="default: 256 (overhead), 1024 (gpu)")
     parser.add_argument("--batch", type=int, default=None, help="sequences per step; default 8 (overhead), 16 (gpu)")
     parser.add_argument("--threads", type=int, default=2)
@@ -166,7 +198,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "out"))
     args = parser.parse_args()
     gpu = args.suite == "gpu"
-    args.preset = args.preset or ("350m" if gpu else "tiny")
+    args.preset = args.preset or ("350m,llama-350m,llama-1b" if gpu else "tiny")
     args.seq_len = args.seq_len or (1024 if gpu else 256)
     args.batch = args.batch or (16 if gpu else 8)
     result = gpu_suite(args) if gpu else overhead_suite(args)
@@ -175,11 +207,16 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"train-throughput-{args.suite}.json").write_text(json.dumps(result, indent=1))
     if gpu:
-        print("| GPUs | bf16 | per-rank batch | tokens/s | MFU | step s | peak GiB |\n|---|---|---|---|---|---|---|")
+        print("| preset | GPUs | bf16 | per-rank batch | tokens/s | MFU | planner MFU | step s | peak GiB |\n"
+              "|---|---|---|---|---|---|---|---|---|")
         for r in result["rows"]:
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-            print(f"| {r['nproc']} | {r['bf16']} | {r['per_rank_batch']} | {r['tokens_per_second']:.0f} | {mfu} | "
-                  f"{r['step_seconds']:.3f} | {r['peak_memory_bytes'] / 2**30:.1f} |")
+            plan = r.get("planner") or {}
+            predicted = (f"{plan['mfu']:.0%} ({plan['mfu_range'][0]:.0%}–{plan['mfu_range'][1]:.0%})"
+                         if "mfu" in plan else "")
+            print(f"| {r['preset']} | {r['nproc']} | {r['bf16']} | {r['per_rank_batch']} | "
+                  f"{r['tokens_per_second']:.0f} | {mfu} | {predicted} | {r['step_seconds']:.3f} | "
+                  f"{r['peak_memory_bytes'] / 2**30:.1f} |")
     else:
         print(f"| loop | s/step | tokens/s |\n|---|---|---|\n"
               f"| bare | {result['bare_seconds_per_step']:.4f} | {result['bare_tokens_per_second']:.0f} |\n"

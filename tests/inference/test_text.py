@@ -87,3 +87,18 @@ def test_no_bound_where_the_tokenizer_can_fold_many_characters_into_few(codec, t
     longest = max(map(len, tokenizer.get_vocab()))
     assert len(text) > len(tokenizer.encode(text, add_special_tokens=False).ids) * longest  # why no bound holds
     assert variant.max_chars_per_token is None and variant.may_fit(text, 1)
+
+
+@pytest.mark.parametrize("written", ["<|end_of_text|>", {"content": "<|end_of_text|>", "special": True}])
+def test_the_end_of_sequence_token_comes_from_tokenizer_config_beside_the_tokenizer(tmp_path, written):
+    """A third party's Hugging Face directory names its own EOS (Llama 3: <|end_of_text|>);
+    without a tokenizer_config.json the data-prep tokenizer's <|endoftext|> is the one."""
+    import json
+
+    path = train_tokenizer(tmp_path / "tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.add_special_tokens([AddedToken("<|end_of_text|>", special=True)])
+    tokenizer.save(str(path))
+    assert Codec(path).eos_id == tokenizer.token_to_id("<|endoftext|>")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": written}))
+    assert Codec(path).eos_id == tokenizer.token_to_id("<|end_of_text|>") != tokenizer.token_to_id("<|endoftext|>")

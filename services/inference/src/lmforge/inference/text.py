@@ -12,10 +12,25 @@ from tokenizers import Tokenizer, pre_tokenizers
 EOT_TOKEN = "<|endoftext|>"  # noqa: S105 - the data-prep tokenizer's end-of-text token
 
 
+def eos_token(tokenizer_path: Path) -> str:
+    """The end-of-sequence token: tokenizer_config.json's `eos_token` beside the tokenizer (a
+    Hugging Face directory, ours or a third party's, e.g. Llama 3's <|end_of_text|>), else ours."""
+    config_path = tokenizer_path.with_name("tokenizer_config.json")
+    if not config_path.is_file():
+        return EOT_TOKEN
+    try:
+        eos = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token")
+    except (ValueError, AttributeError):
+        return EOT_TOKEN
+    if isinstance(eos, dict):  # an AddedToken written out: {"content": ..., ...}
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) and eos else EOT_TOKEN
+
+
 class Codec:
     def __init__(self, path: str | Path):
         self.tokenizer = Tokenizer.from_file(str(path))
-        self.eos_id = self.tokenizer.token_to_id(EOT_TOKEN)
+        self.eos_id = self.tokenizer.token_to_id(eos_token(Path(path)))
         self.max_chars_per_token = max_chars_per_token(self.tokenizer)
 
     def encode(self, text: str) -> list[int]:
