@@ -5,6 +5,7 @@ behind the bias update are summed over the ranks."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from lmforge.common.model import GPTConfig, parameter_counts
 from lmforge.trainer.checkpoint import step_dir
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.metrics import TrainMetrics
@@ -52,11 +54,15 @@ def reference(tmp_path_factory):
     data = random_output(tmp / "data")
     result = run(tmp / "ref", data)
     assert result.returncode == 0, result.stderr[-3000:]
-    return tmp, data
+    (start,) = [json.loads(line) for line in result.stdout.splitlines() if '"train_start"' in line]
+    return tmp, data, start
 
 
 def test_moe_run_learns_and_logs_its_routing(reference):
-    tmp, _ = reference
+    tmp, _, start = reference
+    model = GPTConfig.model_validate(start["model"])
+    assert (start["params"], start["active_params"]) == parameter_counts(model)  # top 2 of 4 experts
+    assert start["active_params"] < start["params"]
     steps = read_metrics(tmp / "ref")
     assert [r["step"] for r in steps] == list(range(STEPS))
     assert steps[-1]["loss"] < steps[0]["loss"] - 1.0
@@ -84,7 +90,7 @@ def test_moe_run_learns_and_logs_its_routing(reference):
 
 
 def test_killed_moe_run_resumes_exactly(reference):
-    tmp, data = reference
+    tmp, data, _ = reference
     expected = losses_by_step(tmp / "ref")
     run_dir = tmp / "killed"
     assert run(run_dir, data, kill_at=12).returncode != 0
@@ -100,7 +106,7 @@ def test_two_rank_fsdp_moe_matches_one_rank(reference):
     # Capacity (and so the drops) depends on the tokens of a forward: the reference runs the two
     # ranks' batches of 4 as two micro-batches of one step; the bias update sums the loads of
     # both either way.
-    tmp, data = reference
+    tmp, data, _ = reference
     single, double = tmp / "single", tmp / "fsdp"
     assert run(single, data, batch_size=4, dropout=0.0, extra=["grad_accum=2"]).returncode == 0
     result = run(double, data, nproc=2, mode="fsdp", batch_size=4, dropout=0.0)

@@ -20,12 +20,13 @@ MODEL = ["model.overrides={n_layer: 2, n_head: 4, n_embd: 64, context_length: 32
 MODELS = {"gpt": MODEL, "llama-debug": ["model.preset=llama-debug"]}
 
 
-def run_trainer(tmp_path, name: str, nproc: int, mode: str, batch_size: int, data, *extra: str,
+def run_trainer(tmp_path, name: str, nproc: int, mode: str | None, batch_size: int, data, *extra: str,
                 model: str = "gpt") -> list[float]:
+    """`mode` None: the `parallel:` mesh axes in `extra` alone choose the wrapper."""
     run_dir = tmp_path / name
     overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"data.batch_size={batch_size}",
-                 f"parallel.mode={mode}", f"steps={STEPS}", "optim.warmup_steps=2", "optim.lr=0.003",
-                 f"run_dir={run_dir}", *MODELS[model], *extra]
+                 *([f"parallel.mode={mode}"] if mode else []), f"steps={STEPS}", "optim.warmup_steps=2",
+                 "optim.lr=0.003", f"run_dir={run_dir}", *MODELS[model], *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if nproc == 1:
         command = [sys.executable, "-m", "lmforge.trainer", *overrides]
@@ -75,6 +76,7 @@ def test_single_process_learns(request, fixture):
     ("fsdp", "fsdp", []),
     ("shard-grad-op", "fsdp", ["parallel.reshard_after_forward=false"]),
     ("hsdp", "hsdp", ["parallel.replicate_degree=2"]),  # 2 replicas x 1 shard: the 2-D mesh path
+    ("mesh-axes", None, ["parallel.dp_shard=-1"]),  # no mode: FSDP over every rank, from the axis
 ])
 def test_two_ranks_match_one(reference, name, mode, extra):
     tmp, data, single, _ = reference

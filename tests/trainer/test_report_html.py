@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lmforge.trainer.cli import main as train_cli
 from lmforge.trainer.metrics_file import MetricsFile
-from lmforge.trainer.report_html import ReportRefresher, write_report
+from lmforge.trainer.report_html import ReportRefresher, render_report, write_report
 
 CHARTS = ["loss", "lr", "grad_norm", "tokens_per_second", "mfu"]
 
@@ -174,3 +174,13 @@ def test_the_refresher_draws_off_the_training_loop_and_folds_requests():
     refresher.close()
     assert len(draws) == 3  # the first, one for the five folded requests, the final one
     assert [str(e) for e in errors] == ["disk full"]  # reported, never raised into training
+
+
+def test_the_settings_line_names_the_parallel_mode_or_the_mesh_axes():
+    def settings(parallel: dict) -> str:
+        return re.search(r"parallel [^,]*,", render_report([], config={"parallel": parallel})).group()
+
+    assert settings({"mode": "hsdp", "replicate_degree": 2}) == "parallel hsdp,"
+    mesh = {"mode": None, "dp_replicate": 2, "dp_shard": -1, "tp": 1}
+    assert settings(mesh) == "parallel dp_replicate=2 dp_shard=-1,"
+    assert settings({"mode": None, "dp_replicate": 1, "dp_shard": 1}) == "parallel none,"

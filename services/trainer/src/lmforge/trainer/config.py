@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from lmforge.common.config import StrictModel, load_config
 from lmforge.common.model import GPTConfig
+from lmforge.trainer.mesh_layout import section_problems
 
 ENV_PREFIX = "LMFORGE_TRAINER"
 
@@ -51,14 +52,49 @@ class OptimSection(StrictModel):
     decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: share of steps spent decaying")
 
 
+def _degree(value: int) -> int:
+    if value == 0:
+        raise ValueError("a degree is a number of ranks (1 or more), or -1 for the rest of the world size")
+    return value
+
+
+# A mesh axis's degree: ranks, or -1 = the rest of the world size (lmforge.trainer.mesh_layout).
+MeshDegree = Annotated[int, Field(ge=-1, json_schema_extra={"not": {"const": 0}}), AfterValidator(_degree)]
+
+
+# The device mesh: dp_replicate × dp_shard × tp × pp × cp ranks = the world size (one axis may
+# be -1, the rest of it); the rules, and how `mode` relates, are lmforge.trainer.mesh_layout's.
 class ParallelSection(StrictModel):
-    mode: Literal["none", "ddp", "fsdp", "hsdp"] = "none"
+    mode: Literal["none", "ddp", "fsdp", "hsdp"] | None = Field(
+        None, description="the data-parallel wrapper; it fills its axis (ddp dp_replicate, fsdp and hsdp "
+        "dp_shard). Unset: from the degrees (ddp: only dp_replicate > 1; fsdp: dp_shard > 1; hsdp: both)")
+    dp_replicate: MeshDegree = Field(1, description="data-parallel replicas (DDP, or HSDP's replica groups). "
+                                     "dp_replicate x dp_shard x tp x pp x cp = the world size; one of them may "
+                                     "be -1: the rest of it")
+    dp_shard: MeshDegree = Field(1, description="ranks the parameters are sharded over (FSDP); -1: the rest")
+    tp: MeshDegree = Field(1, description="tensor-parallel ranks, inside a node; -1: the rest (issue 18: refused "
+                           "above 1 today)")
+    pp: MeshDegree = Field(1, description="pipeline stages, across nodes; -1: the rest (issue 18: refused above 1 "
+                           "today)")
+    cp: MeshDegree = Field(1, description="context-parallel ranks; -1: the rest (issue 18: refused above 1 today)")
+    ep: int = Field(1, ge=1, description="expert-parallel ranks, borrowed from dp_shard x cp (issue 18: refused "
+                    "above 1 today)")
+    pp_microbatches: int | None = Field(None, ge=1, description="pipeline micro-batches per step, each "
+                                        "data.batch_size sequences (pp > 1 only; issue 18)")
     reshard_after_forward: bool = Field(True, description="False = shard-grad-op (ZeRO-2-like)")
-    replicate_degree: int = Field(1, ge=1, description="hsdp: replica groups (the mesh is replicate x shard)")
+    replicate_degree: int = Field(1, ge=1, description="hsdp: replica groups (the mesh is replicate x shard); "
+                                  "the same axis as dp_replicate")
     mixed_precision: bool = Field(True, description="bf16 params/compute, fp32 reduction; GPU only")
     activation_checkpointing: bool = False
     compile: bool = False
     timeout_seconds: float = Field(600.0, gt=0, description="collective timeout: a hung peer ends the job")
+
+    @model_validator(mode="after")
+    def _mesh(self) -> ParallelSection:
+        problems = section_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class CheckpointSection(StrictModel):

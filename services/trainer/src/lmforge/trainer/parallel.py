@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from lmforge.common.errors import ConfigError
 from lmforge.trainer.config import ParallelSection
+from lmforge.trainer.mesh_layout import MeshLayout, trainer_layout
 
 
 @dataclass
@@ -25,6 +25,7 @@ class Dist:
     local_rank: int
     device: torch.device
     mesh: DeviceMesh | None
+    layout: MeshLayout = MeshLayout()  # the parallel section's degrees at this world size
 
     @property
     def is_main(self) -> bool:
@@ -35,28 +36,24 @@ def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    layout = trainer_layout(parallel, world_size)  # a bad layout fails before any process group work
     use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    if parallel.mode == "none":
-        if world_size > 1:
-            raise ConfigError(f"parallel.mode is 'none' but {world_size} processes were started")
-        return Dist(0, 1, 0, device, None)
+    if layout.mode == "none":  # (one process: trainer_layout refuses more)
+        return Dist(0, 1, 0, device, None, layout)
     if not dist.is_initialized():
         # On GPU the timeout is also the NCCL watchdog's: a hung peer ends the job instead of stalling it.
         dist.init_process_group("nccl" if use_cuda else "gloo", store=_attempt_store(rank, world_size),
                                 rank=rank, world_size=world_size, timeout=timedelta(seconds=parallel.timeout_seconds))
     mesh = None
-    if parallel.mode in ("fsdp", "hsdp"):
-        if parallel.mode == "hsdp":
-            if world_size % parallel.replicate_degree:
-                raise ConfigError(f"parallel.replicate_degree {parallel.replicate_degree} must divide {world_size}")
-            shape = (parallel.replicate_degree, world_size // parallel.replicate_degree)
-            mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
-        else:
-            mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
-    return Dist(rank, world_size, local_rank, device, mesh)
+    if layout.mode == "hsdp":
+        shape = (layout.dp_replicate, layout.dp_shard)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
+    elif layout.mode == "fsdp":
+        mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+    return Dist(rank, world_size, local_rank, device, mesh, layout)
 
 
 def _attempt_store(rank: int, world_size: int) -> dist.Store:
@@ -77,11 +74,11 @@ def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) ->
 
         for index, block in enumerate(model.blocks):
             model.blocks[index] = checkpoint_wrapper(block)
-    if parallel.mode == "ddp":
+    if ctx.layout.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-    elif parallel.mode in ("fsdp", "hsdp"):
+    elif ctx.layout.mode in ("fsdp", "hsdp"):
         model = _fully_shard(model, parallel, ctx)
     if parallel.compile:
         model = torch.compile(model)
@@ -118,6 +115,6 @@ def autocast_context(parallel: ParallelSection, ctx: Dist):
     parameters and gradient reduction stay fp32."""
     from contextlib import nullcontext
 
-    if parallel.mixed_precision and ctx.device.type == "cuda" and parallel.mode in ("none", "ddp"):
+    if parallel.mixed_precision and ctx.device.type == "cuda" and ctx.layout.mode in ("none", "ddp"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return nullcontext()

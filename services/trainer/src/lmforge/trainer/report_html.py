@@ -26,6 +26,7 @@ from lmforge.common.formatting import duration, number, percent
 from lmforge.common.html_pages import render
 from lmforge.common.line_chart import Frame, LegendItem, Line, LineChart, Marker, line_chart
 from lmforge.common.storage import atomic_write_bytes
+from lmforge.trainer.mesh_layout import MESH_AXES
 from lmforge.trainer.metrics_file import attempt_of, by_attempt, latest_per_step, read_records
 
 REPORT_FILE = "report.html"
@@ -317,10 +318,18 @@ def _facts(config: dict | None) -> str:
     overrides = model.get("overrides") or {}
     return (
         f"model {model.get('preset', '?')}{' ' + json.dumps(overrides) if overrides else ''}, "
-        f"parallel {parallel.get('mode', '?')}, {data.get('batch_size', '?')} × {data.get('seq_len', '?')} "
+        f"parallel {_parallel(parallel)}, {data.get('batch_size', '?')} × {data.get('seq_len', '?')} "
         f"tokens per rank per micro-step, grad_accum {config.get('grad_accum', '?')}, "
         f"lr {optim.get('lr', '?')} ({optim.get('schedule', '?')}), seed {config.get('seed', '?')}"
     )
+
+
+def _parallel(parallel: dict) -> str:
+    """The mode, or (unset: the mesh axes decide) the axes above 1."""
+    if parallel.get("mode"):
+        return parallel["mode"]
+    axes = [f"{axis}={value}" for axis, value in parallel.items() if axis in MESH_AXES and value != 1]
+    return " ".join(axes) or "none"
 
 
 def render_report(records: list[dict], *, title: str = "lmforge training report", config: dict | None = None) -> str:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lmforge.common.errors import LmforgeError
-from lmforge.common.model import GPT, GPTConfig, flops_per_token
+from lmforge.common.model import GPT, GPTConfig, flops_per_token, parameter_counts
 from lmforge.common.moe import update_router_biases
 from lmforge.trainer import faults
 from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_latest
@@ -182,13 +182,17 @@ class Trainer:
         model = model.to(ctx.device)
         self.moe_stats = model.moe_stats  # on the GPT itself: DDP and compile wrap it
         n_params = model.num_params()
+        # An MoE's token uses top_k of the E experts: its active parameters, beside the total.
+        active = {"active_params": parameter_counts(model_config)[1]} if model_config.moe is not None else {}
         model = parallelize(model, self.config.parallel, ctx)
         optimizer = build_optimizer(model, self.config.optim, fused=ctx.device.type == "cuda")
         self.run.log.info(
             "train_start",
             params=n_params,
+            **active,
             world_size=ctx.world_size,
-            mode=self.config.parallel.mode,
+            mode=ctx.layout.mode,
+            mesh=ctx.layout.axes(),
             device=str(ctx.device),
             model=model_config.model_dump(),
         )
@@ -283,7 +287,7 @@ class Trainer:
     def forward_backward(self, batch: torch.Tensor, *, last: bool) -> torch.Tensor:
         """One micro-batch's gradients, accumulated; returns its loss share (loss / grad_accum, detached).
         Under DDP the gradients are all-reduced on the step's last micro-batch only."""
-        sync = nullcontext() if last or self.config.parallel.mode != "ddp" else self.model.no_sync()
+        sync = nullcontext() if last or self.ctx.layout.mode != "ddp" else self.model.no_sync()
         with sync, autocast_context(self.config.parallel, self.ctx):
             _, loss = self.model(batch[:, :-1], batch[:, 1:])
             (loss / self.config.grad_accum).backward()

@@ -2,8 +2,10 @@
 
 The chart values are `training:` of helm/lmforge/values.yaml: nodes × nprocPerNode GPUs
 (gpusPerProcess 1) and the trainer config under `config:`, whose `parallel:` block carries the
-layout in the trainer's mesh axes {dp_replicate, dp_shard, tp, pp, cp, ep} (their product is the
-world size), activation checkpointing, and under PP the micro-batch count. `data.batch_size` is
+layout in the trainer's mesh axes {dp_replicate, dp_shard, tp, pp, cp, ep} (their product, ep
+aside, is the world size; lmforge.trainer.mesh_layout), activation checkpointing, and under PP the
+micro-batch count. It names the data-parallel `mode` the axes call for too: the chart's default
+`mode: ddp` would otherwise be merged in beside them. `data.batch_size` is
 the micro-batch (sequences per data-parallel rank); the micro-batches per step are
 `grad_accum` without PP and `parallel.pp_microbatches` with it, so that in both cases the global
 batch is dp_replicate · dp_shard · batch_size · micro-batches.
@@ -16,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from lmforge.trainer.mesh_layout import wrapper_mode
 from lmforge.trainer.planner.costs import run_totals, training_flops
 from lmforge.trainer.planner.search import Candidate, PlanRequest
 from lmforge.trainer.planner.timing import EFFICIENCY, model_flops_per_step
@@ -150,7 +153,12 @@ def plan_document(
 def chart_values(request: PlanRequest, candidate: Candidate, model: dict[str, Any], steps: int) -> dict[str, Any]:
     """The recommendation as helm/lmforge values (`training:`)."""
     layout = candidate.layout
-    parallel: dict[str, Any] = {**layout.axes(), "activation_checkpointing": layout.activation_checkpointing}
+    axes = layout.axes()
+    parallel: dict[str, Any] = {
+        "mode": wrapper_mode(axes),
+        **axes,
+        "activation_checkpointing": layout.activation_checkpointing,
+    }
     config: dict[str, Any] = {
         "model": {"preset": model["preset"], **({"overrides": model["overrides"]} if model.get("overrides") else {})},
         "data": {"seq_len": request.seq_len, "batch_size": layout.micro_batch},
@@ -188,6 +196,8 @@ def values_yaml(document: dict[str, Any]) -> str:
     ]
     if cluster["precision"] == "fp8":
         header.append("# precision fp8: train with Float8 linears (the trainer's float8 option)")
+    if cluster["nodes"] > 1:
+        header.append("# more than one node: add training.checkpoints.persistentVolumeClaim (a ReadWriteMany claim)")
     return "\n".join(header) + "\n" + yaml.safe_dump(document["chart_values"], sort_keys=False)
 
 

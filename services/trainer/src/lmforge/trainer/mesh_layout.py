@@ -1,0 +1,165 @@
+"""The trainer's device mesh as named axes, `parallel: {dp_replicate, dp_shard, tp, pp, cp, ep}`
+(issue 18's keys; `lmforge-train plan` writes its recommendation in them), resolved against the
+world size and checked before any process group exists.
+
+dp_replicate × dp_shard × tp × pp × cp is the world size; one of them may be -1, the rest of it.
+ep borrows its ranks from dp_shard × cp (torchtitan's expert parallelism), so it must divide
+them and adds none. `mode`, the older form, names the data-parallel wrapper and fills its axis:
+ddp fills dp_replicate, fsdp dp_shard, hsdp dp_shard with dp_replicate = replicate_degree (the
+same axis). Without `mode` the wrapper follows the degrees: ddp when only dp_replicate > 1, fsdp
+when dp_shard > 1, hsdp when both. The trainer runs the data-parallel axes; tp, pp, cp and ep
+above 1 are refused when it starts, until issue 18's parallelism work lands.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lmforge.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lmforge.trainer.config import ParallelSection
+
+MESH_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
+WORLD_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")  # their product is the world size
+FILL = -1
+NOT_YET = {
+    "tp": "tensor parallelism",
+    "pp": "pipeline parallelism",
+    "cp": "context parallelism",
+    "ep": "expert parallelism",
+}
+MODE_FILLS = {"ddp": "dp_replicate", "fsdp": "dp_shard", "hsdp": "dp_shard"}  # the axis each mode fills
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """The degrees with -1 filled in, and the data-parallel wrapper around the model."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    mode: str = "none"
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(getattr(self, axis) for axis in WORLD_AXES)
+
+    def axes(self) -> dict[str, int]:
+        return {axis: getattr(self, axis) for axis in MESH_AXES}
+
+
+def wrapper_mode(degrees: Mapping[str, int]) -> str:
+    """The data-parallel wrapper the (filled) degrees call for."""
+    replicate, shard = degrees["dp_replicate"] > 1, degrees["dp_shard"] > 1
+    if shard:
+        return "hsdp" if replicate else "fsdp"
+    return "ddp" if replicate else "none"
+
+
+def section_problems(parallel: ParallelSection) -> list[str]:
+    """What is wrong with the section whatever the world size (checked when the config loads)."""
+    degrees, problems = _requested(parallel)
+    fills = [axis for axis in WORLD_AXES if degrees[axis] == FILL]
+    if len(fills) > 1:
+        by_mode = f" (mode {parallel.mode} fills {MODE_FILLS[parallel.mode]})" if parallel.mode in MODE_FILLS else ""
+        problems.append(
+            f"parallel: only one axis may be -1 (the rest of the world size), got {', '.join(fills)}{by_mode}"
+        )
+    if parallel.pp_microbatches is not None and degrees["pp"] == 1:
+        problems.append(
+            "parallel.pp_microbatches is for a pipeline (pp > 1); without one, grad_accum sets the "
+            "micro-batches per step"
+        )
+    return problems
+
+
+def resolve_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
+    """The section's degrees at this world size; ConfigError naming the axis and the world size."""
+    degrees, _ = _requested(parallel)
+    problems = section_problems(parallel)
+    if problems:
+        raise ConfigError(problems[0])
+    fill = next((axis for axis in WORLD_AXES if degrees[axis] == FILL), None)
+    fixed = math.prod(degrees[axis] for axis in WORLD_AXES if axis != fill)
+    if fill is not None:
+        if world_size % fixed:
+            raise ConfigError(
+                f"parallel.{fill}=-1 cannot fill the world size {world_size}: "
+                f"{_product(degrees, fill, parallel)} = {fixed} does not divide it"
+            )
+        degrees[fill] = world_size // fixed
+    elif fixed != world_size:
+        if parallel.mode == "none":
+            raise ConfigError(f"parallel.mode is 'none' but {world_size} processes were started")
+        raise ConfigError(
+            f"parallel: {_product(degrees, None, parallel)} = {fixed}, but the world size is {world_size} "
+            "(dp_replicate × dp_shard × tp × pp × cp must equal it; one axis may be -1, the rest of it: "
+            "e.g. parallel.dp_shard=-1 shards over every rank)"
+        )
+    shard_ranks = degrees["dp_shard"] * degrees["cp"]
+    if shard_ranks % degrees["ep"]:
+        raise ConfigError(
+            f"parallel.ep={degrees['ep']} must divide dp_shard × cp = {shard_ranks} at world size "
+            f"{world_size}: expert parallelism borrows its ranks from them"
+        )
+    if parallel.pp_microbatches is not None and degrees["pp"] == 1:  # pp=-1 filled to 1
+        raise ConfigError(f"parallel.pp_microbatches is for a pipeline, but pp fills to 1 at world size {world_size}")
+    return MeshLayout(**degrees, mode=parallel.mode or wrapper_mode(degrees))
+
+
+def trainer_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
+    """The layout the trainer runs: resolved, and refused (one line) for an axis it does not run yet."""
+    _refuse_unbuilt(_requested(parallel)[0], world_size)  # before the product: tp=2 on one process says tp
+    layout = resolve_layout(parallel, world_size)
+    _refuse_unbuilt(layout.axes(), world_size)
+    return layout
+
+
+def _requested(parallel: ParallelSection) -> tuple[dict[str, int], list[str]]:
+    """The degrees asked for with `mode` applied (-1 not yet filled), and where mode and axes disagree."""
+    degrees = {axis: getattr(parallel, axis) for axis in MESH_AXES}
+    mode, problems = parallel.mode, []
+    if mode is None:
+        return degrees, problems
+    if mode == "hsdp" and parallel.replicate_degree != 1:
+        if degrees["dp_replicate"] not in (1, parallel.replicate_degree):
+            problems.append(
+                f"parallel.replicate_degree {parallel.replicate_degree} and parallel.dp_replicate "
+                f"{degrees['dp_replicate']} disagree: they are the same axis, set one"
+            )
+        degrees["dp_replicate"] = parallel.replicate_degree
+    for axis in ("dp_replicate", "dp_shard"):
+        if axis == MODE_FILLS.get(mode):
+            degrees[axis] = FILL if degrees[axis] == 1 else degrees[axis]
+        elif degrees[axis] != 1 and not (mode == "hsdp" and axis == "dp_replicate"):
+            problems.append(
+                f"parallel.mode {mode} has no {axis} axis (got {degrees[axis]}): give the mesh axes "
+                "without mode, or a mode that has it"
+            )
+    return degrees, problems
+
+
+def _refuse_unbuilt(degrees: Mapping[str, int], world_size: int) -> None:
+    for axis, name in NOT_YET.items():
+        if degrees[axis] > 1:
+            raise ConfigError(
+                f"parallel.{axis}={degrees[axis]} (world size {world_size}): {name} arrives with issue "
+                "18's parallelism work; this trainer runs the data-parallel axes (dp_replicate, "
+                "dp_shard) only"
+            )
+
+
+def _product(degrees: Mapping[str, int], fill: str | None, parallel: ParallelSection) -> str:
+    """The fixed axes above 1 as `dp_replicate=2 × tp=4` (all axes when none is)."""
+    named = [f"{axis}={degrees[axis]}" for axis in WORLD_AXES if axis != fill and degrees[axis] > 1]
+    text = " × ".join(named) or " × ".join(f"{axis}=1" for axis in WORLD_AXES if axis != fill)
+    if parallel.mode == "hsdp" and parallel.replicate_degree > 1:
+        text += " (dp_replicate is hsdp's replicate_degree)"
+    return text
