@@ -14,6 +14,7 @@ from lmforge.common.model import (
     GPTConfig,
     apply_rope,
     flops_per_token,
+    fuse_qkv,
     parameter_counts,
     rope_frequencies,
     rope_tables,
@@ -83,7 +84,7 @@ def test_tied_embeddings_and_depth_scaled_init():
     assert model.lm_head.weight.data_ptr() == model.wte.weight.data_ptr()
     residual = model.blocks[0].attn.proj.weight.std().item()
     assert residual == pytest.approx(0.02 / math.sqrt(16), rel=0.1)
-    assert model.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.blocks[0].attn.query.weight.std().item() == pytest.approx(0.02, rel=0.1)
 
 
 def test_presets_are_overridable_and_unknown_ones_refused():
@@ -111,21 +112,28 @@ def test_ffn_hidden_size_follows_the_gelu_and_llama_rules(name, hidden):
     assert GPTConfig.preset(name, ffn_hidden=100).ffn_hidden_size == 100
 
 
-def test_gpt2_state_dict_names_and_shapes_are_unchanged():
-    """Checkpoints and packages of the GPT-2-style presets keep loading: the same tensors."""
+def test_gpt2_state_dict_names_and_shapes_and_a_fused_qkv_loads():
+    """Checkpoints and packages of the GPT-2-style presets keep loading: the same tensors, with
+    queries, keys and values each their own projection; an older fused attn.qkv loads into them."""
     model = GPT(GPTConfig(**{**TINY, "n_layer": 1}))
     d, vocab = 32, 97
-    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == {
+    fused = fuse_qkv(model.state_dict())
+    assert {k: tuple(v.shape) for k, v in fused.items()} == {
         "wte.weight": (vocab, d), "blocks.0.ln_1.weight": (d,), "blocks.0.attn.qkv.weight": (3 * d, d),
         "blocks.0.attn.proj.weight": (d, d), "blocks.0.ln_2.weight": (d,), "blocks.0.mlp.fc.weight": (4 * d, d),
         "blocks.0.mlp.proj.weight": (d, 4 * d), "ln_f.weight": (d,), "lm_head.weight": (vocab, d)}
+    other = GPT(GPTConfig(**{**TINY, "n_layer": 1}))
+    other.load_state_dict(fused)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(other.state_dict()[name], tensor), name
 
 
 def test_llama_shape_modules():
     config = GPTConfig(**{**VARIANTS["mqa-qk-norm"], "n_kv_head": 2, "tie_embeddings": False})
     model = GPT(config)
     block, d, head_dim = model.blocks[0], 32, 8
-    assert block.attn.qkv.weight.shape == ((4 + 2 * 2) * head_dim, d)  # q (4 heads), k and v (2 heads each)
+    assert block.attn.query.weight.shape == (4 * head_dim, d)  # 4 query heads, 2 key and value heads
+    assert block.attn.key.weight.shape == block.attn.value.weight.shape == (2 * head_dim, d)
     assert (block.attn.q_norm.weight.shape, block.attn.k_norm.weight.shape) == ((head_dim,), (head_dim,))
     assert [name for name, _ in block.mlp.named_children()] == ["gate", "up", "proj"]
     assert block.mlp.gate.weight.shape == (config.ffn_hidden_size, d)

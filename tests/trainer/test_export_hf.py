@@ -141,7 +141,7 @@ def test_a_run_starts_from_the_hf_directory_with_init_from(tmp_path, llama_run):
         torch.testing.assert_close(continued.state_dict()[name], tensor, atol=1e-6, rtol=0)
     fresh = GPT(start.config).state_dict()
     assert not torch.allclose(
-        fresh["blocks.0.attn.qkv.weight"], continued.state_dict()["blocks.0.attn.qkv.weight"], atol=1e-3
+        fresh["blocks.0.attn.query.weight"], continued.state_dict()["blocks.0.attn.query.weight"], atol=1e-3
     )
 
 

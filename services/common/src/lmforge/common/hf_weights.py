@@ -17,6 +17,7 @@ import re
 import torch
 
 from lmforge.common.errors import ConfigError, InputError
+from lmforge.common.model import fuse_qkv
 from lmforge.common.model_config import GPTConfig
 
 Tensors = dict[str, torch.Tensor]
@@ -26,7 +27,7 @@ SELECTION_BIAS = re.compile(r"blocks\.\d+\.mlp\.router\.selection_bias")
 
 def to_hf_state(state: Tensors, config: GPTConfig, model_type: str) -> Tensors:
     """Our state_dict (a GPT's) → transformers' tensors for `model_type` (hf_config.hf_model_type)."""
-    state = _without_selection_bias(state)
+    state = _without_selection_bias(fuse_qkv(state))
     out: Tensors = {}
     for layer in range(config.n_layer):
         _block_to_hf(out, _layer_state(state, layer), config, model_type, layer)

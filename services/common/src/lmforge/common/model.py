@@ -9,9 +9,9 @@ lmforge.common.model_config, RoPE in lmforge.common.rope, the inference cache in
 lmforge.common.kv_cache; all are importable from here.
 
 The model holds no parallelism (torchtitan's split): the trainer wraps it. Each MLP projection
-is its own Linear, so tensor parallelism can shard mlp.gate and mlp.up by column and mlp.proj
-and attn.proj by row; attn.qkv stays fused (the GPT-2 checkpoints' layout), so a column plan
-for it shards its q, k and v row blocks each on its own.
+is its own Linear, so tensor parallelism can shard attn.query/key/value, mlp.gate and mlp.up by
+column and mlp.proj and attn.proj by row (lmforge.trainer.parallelize); the attention takes its
+head counts from the shapes. A fused attn.qkv (GPT-2's layout, older checkpoints) loads.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from lmforge.common.rope import apply_rope, apply_rope_at, llama3_scaled, rope_f
 
 __all__ = [
     "GPT", "PRESETS", "GPTConfig", "KVCache", "RopeScaling", "apply_rope", "apply_rope_at", "flops_per_token",
-    "llama3_scaled", "parameter_counts", "rope_frequencies", "rope_tables",
+    "fuse_qkv", "llama3_scaled", "parameter_counts", "rope_frequencies", "rope_tables",
 ]
 
 
@@ -59,35 +59,53 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.config = config
         self.heads, self.kv_heads, self.head_dim = config.n_head, config.kv_heads, config.head_dim
-        # One fused projection: its outputs are the queries (n_head·head_dim), then the keys,
-        # then the values (kv_heads·head_dim each). GPT-2 checkpoints keep this name and shape.
-        self.qkv = nn.Linear(config.n_embd, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=config.bias)
+        # Queries, keys and values each their own projection, so tensor parallelism shards each by
+        # heads; a state_dict with the fused `qkv` ([q; k; v] rows, GPT-2's layout) still loads.
+        self.query = nn.Linear(config.n_embd, self.heads * self.head_dim, bias=config.bias)
+        self.key = nn.Linear(config.n_embd, self.kv_heads * self.head_dim, bias=config.bias)
+        self.value = nn.Linear(config.n_embd, self.kv_heads * self.head_dim, bias=config.bias)
+        self._register_load_state_dict_pre_hook(self._split_fused_qkv)
         self.proj = nn.Linear(self.heads * self.head_dim, config.n_embd, bias=config.bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
+        # attention_fn(q, k, v, positions, dropout_p) -> (B, n_head, T, D), called after RoPE
+        # in place of causal SDPA when set: the hook by which the trainer's context parallelism
+        # (lmforge.trainer.context_parallel) attends local queries to every rank's keys.
+        self.attention_fn = None
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries (B, n_head, T, D), keys and values (B, kv_heads, T, D), before RoPE."""
         batch, time, _ = x.shape
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split([q_size, kv_size, kv_size], dim=2)
-        q = q.view(batch, time, self.heads, self.head_dim)
-        k = k.view(batch, time, self.kv_heads, self.head_dim)
-        v = v.view(batch, time, self.kv_heads, self.head_dim)
+        # Head counts from the shapes: under tensor parallelism each rank holds some of the heads.
+        q = self.query(x).view(batch, time, -1, self.head_dim)
+        k = self.key(x).view(batch, time, -1, self.head_dim)
+        v = self.value(x).view(batch, time, -1, self.head_dim)
         if self.config.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _output(self, y: torch.Tensor) -> torch.Tensor:
         batch, _, time, _ = y.shape
-        return self.proj(y.transpose(1, 2).contiguous().view(batch, time, self.heads * self.head_dim))
+        return self.proj(y.transpose(1, 2).contiguous().view(batch, time, -1))
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def _split_fused_qkv(self, state_dict, prefix, *_) -> None:
+        for kind in ("weight", "bias"):
+            fused = state_dict.pop(f"{prefix}qkv.{kind}", None)
+            if fused is not None:
+                parts = split_qkv(fused, self.config)
+                state_dict.update({f"{prefix}{name}.{kind}": part for name, part in parts.items()})
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         q, k, v = self._project(x)
-        if rope is not None:
+        if rope is not None and positions is not None:
+            q, k = apply_rope_at(q, *rope, positions), apply_rope_at(k, *rope, positions)
+        elif rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.config.dropout if self.training else 0.0
+        if self.attention_fn is not None:
+            return self._output(self.attention_fn(q, k, v, positions, dropout))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
                                            enable_gqa=self.kv_heads != self.heads)
         return self._output(y)
@@ -149,6 +167,28 @@ def build_mlp(config: GPTConfig) -> nn.Module:
     return SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
 
 
+QKV = ("query", "key", "value")
+
+
+def split_qkv(fused: torch.Tensor, config: GPTConfig) -> dict[str, torch.Tensor]:
+    """A fused [q; k; v] weight or bias (GPT-2's c_attn layout) as the query, key and value projections'."""
+    q_size, kv_size = config.n_head * config.head_dim, config.kv_heads * config.head_dim
+    return dict(zip(QKV, (part.contiguous() for part in fused.split([q_size, kv_size, kv_size])), strict=True))
+
+
+def fuse_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state_dict with each layer's attn.query/key/value as one `attn.qkv` ([q; k; v] rows)."""
+    out = {}
+    for name, tensor in state.items():
+        head, _, tail = name.rpartition(".attn.")
+        part, _, kind = tail.partition(".")
+        if not head or part not in QKV:
+            out[name] = tensor
+        elif part == "query":
+            out[f"{head}.attn.qkv.{kind}"] = torch.cat([state[f"{head}.attn.{p}.{kind}"] for p in QKV])
+    return out
+
+
 def residual_init_std(config: GPTConfig) -> float:
     """The init std of the projections that write into the residual stream (GPT-2's scaling)."""
     return 0.02 / math.sqrt(2 * config.n_layer)
@@ -163,8 +203,8 @@ class Block(nn.Module):
         self.mlp = build_mlp(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.ln_1(x), rope))
+    def forward(self, x: torch.Tensor, rope, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.ln_1(x), rope, positions))
         return x + self.dropout(self.mlp(self.ln_2(x)))
 
     def forward_cached(self, x: torch.Tensor, rope, keys, values, slots, positions, first_slot=None) -> torch.Tensor:
@@ -206,19 +246,20 @@ class GPT(nn.Module):
             elif isinstance(module, MoE):
                 module.reset_parameters(residual_std)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, positions: torch.Tensor | None = None):
         """Logits (B, T, vocab); with targets also the mean cross-entropy loss (in training
-        plus the MoE layers' auxiliary losses)."""
+        plus the MoE layers' auxiliary losses). `positions` (B, T): the tokens' positions in
+        their sequence when idx is not 0..T-1 (a context-parallel shard); default 0..T-1."""
         time = idx.shape[1]
         if time > self.config.context_length:
             raise ValueError(f"sequence of {time} tokens exceeds the context length {self.config.context_length}")
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(time, device=idx.device))
+            x = x + self.wpe(torch.arange(time, device=idx.device) if positions is None else positions)
         x = self.drop(x)
         rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
         for block in self.blocks:
-            x = block(x, rope)
+            x = block(x, rope, positions)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None

@@ -249,16 +249,24 @@ class MoE(nn.Module):
         return out.view(x.shape)
 
     def _account(self, routing: Routing, plan: DispatchPlan) -> None:
-        balance, z = balance_loss(routing, plan.load), z_loss(routing)
+        dropped = 1.0 - plan.kept.float().mean()
+        self._record(balance_loss(routing, plan.load), z_loss(routing), plan.load, dropped, plan.load)
+
+    def _record(
+        self, balance: torch.Tensor, z: torch.Tensor, load: torch.Tensor, dropped: torch.Tensor, own_load: torch.Tensor
+    ) -> None:
+        """Sets aux_loss and the stats from the forward's figures; `own_load` (this process's
+        tokens' loads, which the bias update sums over ranks) joins the pending total. Expert
+        parallelism passes figures taken over every rank's tokens (lmforge.trainer.expert_parallel)."""
         aux = self.config.z_loss_coef * z
         if self.config.balancing == "aux_loss":
             aux = aux + self.config.aux_loss_coef * balance
         self.aux_loss = aux
-        load = plan.load.float()
-        dropped = 1.0 - plan.kept.float().mean()
+        load = load.float()
         self._stats = torch.stack((load.max() / load.mean(), dropped, balance, z)).detach()
         if self.training and self.router.selection_bias is not None:
-            self._pending_load = load if self._pending_load is None else self._pending_load + load
+            own_load = own_load.float()
+            self._pending_load = own_load if self._pending_load is None else self._pending_load + own_load
 
     @property
     def stats(self) -> dict[str, float]:

@@ -7,8 +7,10 @@ ep borrows its ranks from dp_shard × cp (torchtitan's expert parallelism), so i
 them and adds none. `mode`, the older form, names the data-parallel wrapper and fills its axis:
 ddp fills dp_replicate, fsdp dp_shard, hsdp dp_shard with dp_replicate = replicate_degree (the
 same axis). Without `mode` the wrapper follows the degrees: ddp when only dp_replicate > 1, fsdp
-when dp_shard > 1, hsdp when both. The trainer runs the data-parallel axes; tp, pp, cp and ep
-above 1 are refused when it starts, until issue 18's parallelism work lands.
+when dp_shard > 1, hsdp when both. The trainer runs the data-parallel axes and tp (with FSDP or
+HSDP, or alone: torch's DDP takes no DTensor parameters); pp, cp and ep above 1 are refused when
+it starts, until their modules are integrated. The DeviceMesh's axes are in MESH_ORDER: pp
+outermost, tp innermost (a tp group is consecutive ranks, inside a node), as torchtitan's.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ if TYPE_CHECKING:
 
 MESH_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 WORLD_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")  # their product is the world size
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # the DeviceMesh's dimensions, outermost first
 FILL = -1
 NOT_YET = {
-    "tp": "tensor parallelism",
     "pp": "pipeline parallelism",
     "cp": "context parallelism",
     "ep": "expert parallelism",
@@ -119,6 +121,12 @@ def trainer_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
     _refuse_unbuilt(_requested(parallel)[0], world_size)  # before the product: tp=2 on one process says tp
     layout = resolve_layout(parallel, world_size)
     _refuse_unbuilt(layout.axes(), world_size)
+    if layout.tp > 1 and layout.mode == "ddp":
+        raise ConfigError(
+            f"parallel.tp={layout.tp} with DDP (dp_replicate={layout.dp_replicate}, world size {world_size}): "
+            "torch's DDP takes no tensor-parallel (DTensor) parameters; use dp_shard (FSDP) or hsdp for the "
+            "data-parallel axis"
+        )
     return layout
 
 
@@ -150,9 +158,8 @@ def _refuse_unbuilt(degrees: Mapping[str, int], world_size: int) -> None:
     for axis, name in NOT_YET.items():
         if degrees[axis] > 1:
             raise ConfigError(
-                f"parallel.{axis}={degrees[axis]} (world size {world_size}): {name} arrives with issue "
-                "18's parallelism work; this trainer runs the data-parallel axes (dp_replicate, "
-                "dp_shard) only"
+                f"parallel.{axis}={degrees[axis]} (world size {world_size}): {name} is not in the "
+                "trainer yet; it runs the data-parallel axes (dp_replicate, dp_shard) and tp"
             )
 
 

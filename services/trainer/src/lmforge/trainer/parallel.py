@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lmforge.trainer.config import ParallelSection
-from lmforge.trainer.mesh_layout import MeshLayout, trainer_layout
+from lmforge.trainer.mesh_layout import MESH_ORDER, MeshLayout, trainer_layout
+from lmforge.trainer.parallelize import apply_tensor_parallel
 
 
 @dataclass
@@ -24,12 +25,23 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
-    mesh: DeviceMesh | None
+    mesh: DeviceMesh | None  # the named axes above 1 (MESH_ORDER), and the data-parallel wrapper's
     layout: MeshLayout = MeshLayout()  # the parallel section's degrees at this world size
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: each reads its own batches (the tp ranks of one group read the same)."""
+        return self.layout.dp_replicate * self.layout.dp_shard
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel index: its coordinate on dp_replicate × dp_shard (MESH_ORDER)."""
+        inner = self.layout.cp * self.layout.tp
+        return (self.rank // inner) % self.dp_size
 
 
 def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
@@ -41,19 +53,24 @@ def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    if layout.mode == "none":  # (one process: trainer_layout refuses more)
+    if layout.world_size == 1:
         return Dist(0, 1, 0, device, None, layout)
     if not dist.is_initialized():
         # On GPU the timeout is also the NCCL watchdog's: a hung peer ends the job instead of stalling it.
         dist.init_process_group("nccl" if use_cuda else "gloo", store=_attempt_store(rank, world_size),
                                 rank=rank, world_size=world_size, timeout=timedelta(seconds=parallel.timeout_seconds))
-    mesh = None
-    if layout.mode == "hsdp":
-        shape = (layout.dp_replicate, layout.dp_shard)
-        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
-    elif layout.mode == "fsdp":
-        mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
-    return Dist(rank, world_size, local_rank, device, mesh, layout)
+    return Dist(rank, world_size, local_rank, device, build_mesh(layout, device), layout)
+
+
+def build_mesh(layout: MeshLayout, device: torch.device) -> DeviceMesh | None:
+    """One DeviceMesh over the world with the named axes in MESH_ORDER (tp innermost, so a tp
+    group is consecutive ranks: inside a node): those above 1, and the axes the FSDP/HSDP wrapper
+    shards and replicates over even at 1. None for DDP alone (it needs no mesh)."""
+    wrapper_axes = {"fsdp": ("dp_shard",), "hsdp": ("dp_replicate", "dp_shard")}.get(layout.mode, ())
+    names = tuple(axis for axis in MESH_ORDER if getattr(layout, axis) > 1 or axis in wrapper_axes)
+    if not names or names == ("dp_replicate",):
+        return None
+    return init_device_mesh(device.type, tuple(getattr(layout, axis) for axis in names), mesh_dim_names=names)
 
 
 def _attempt_store(rank: int, world_size: int) -> dist.Store:
@@ -68,7 +85,10 @@ def _attempt_store(rank: int, world_size: int) -> dist.Store:
 
 
 def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -> torch.nn.Module:
-    """Activation checkpointing, then the data-parallel wrapper, then compile."""
+    """Tensor + sequence parallelism, activation checkpointing, the data-parallel wrapper, compile
+    (torchtitan's order)."""
+    if ctx.layout.tp > 1:
+        apply_tensor_parallel(model, ctx.mesh["tp"])
     if parallel.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -93,7 +113,9 @@ def _fully_shard(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -
     policy = None
     if parallel.mixed_precision and ctx.device.type == "cuda":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    kwargs = {"mesh": ctx.mesh, "reshard_after_forward": parallel.reshard_after_forward}
+    dp_axes = ("dp_replicate", "dp_shard") if ctx.layout.mode == "hsdp" else ("dp_shard",)
+    # With tp the FSDP mesh is a sub-mesh of the world's: FSDP2 then shards the tp DTensors (2-D).
+    kwargs = {"mesh": ctx.mesh[dp_axes], "reshard_after_forward": parallel.reshard_after_forward}
     if policy is not None:
         kwargs["mp_policy"] = policy
     for block in model.blocks:

@@ -10,6 +10,7 @@ checkpoints). Model, parallelism, checkpointing and telemetry live in their own 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import ConfigError, LmforgeError
 from lmforge.common.model import GPT, GPTConfig, flops_per_token, parameter_counts
 from lmforge.common.moe import update_router_biases
 from lmforge.trainer import faults
@@ -30,9 +31,11 @@ from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
 from lmforge.trainer.data_sync import sync_sources
 from lmforge.trainer.init_from import initial_weights, load_initial_state
+from lmforge.trainer.mesh_layout import trainer_layout
 from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_bytes
 from lmforge.trainer.optim import build_optimizer, learning_rate
 from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
+from lmforge.trainer.parallelize import loss_context, replicated_value, tensor_parallel_problems
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
 from lmforge.trainer.run_log import RunLog
@@ -94,10 +97,11 @@ def evaluate(model, sampler: MixtureSampler, config: TrainConfig, ctx: Dist) -> 
     model.eval()
     total = torch.zeros((), device=ctx.device)
     for index in range(config.eval_batches):
-        tokens, _ = sampler.batch(index, ctx.rank, ctx.world_size, config.data.batch_size)
+        tokens, _ = sampler.batch(index, ctx.dp_rank, ctx.dp_size, config.data.batch_size)
         batch = torch.from_numpy(tokens).to(ctx.device)
-        with autocast_context(config.parallel, ctx):
+        with autocast_context(config.parallel, ctx), loss_context(ctx.layout.tp):
             _, loss = model(batch[:, :-1], batch[:, 1:])
+            loss = replicated_value(loss)
         total += loss.float() / config.eval_batches
     model.train()
     return all_reduce_mean(total, ctx).item()
@@ -115,6 +119,7 @@ def gather_rank_figures(figures: list[float], ctx: Dist) -> list[list[float]]:
 
 def train(config: TrainConfig) -> list[float]:
     """Train for config.steps; returns the per-step (all-rank mean) losses of this process's steps."""
+    refuse_unsplittable_model(config)
     ctx = init_distributed(config.device, config.parallel)
     try:
         if config.preflight.enabled:
@@ -133,6 +138,17 @@ def train(config: TrainConfig) -> list[float]:
             dist.destroy_process_group()
 
 
+def refuse_unsplittable_model(config: TrainConfig) -> None:
+    """A model the layout does not divide (heads by tp, …) fails before any process group work, naming
+    the axis (init_from's shape and the data's vocabulary are checked when the model is built)."""
+    if config.model.init_from:
+        return
+    layout = trainer_layout(config.parallel, int(os.environ.get("WORLD_SIZE", "1")))
+    problems = tensor_parallel_problems(config.model.build(), layout.tp, config.data.seq_len, vocabulary=False)
+    if problems:
+        raise ConfigError(problems[0])
+
+
 class Trainer:
     """One attempt at a run: resumes from the newest committed checkpoint when there is one and
     runs the steps from there to config.steps."""
@@ -147,7 +163,7 @@ class Trainer:
             model_config = config.model.build(vocab_size=source.vocab_size)
         self.model, self.optimizer = self._build_model(model_config)
 
-        self.tokens_per_step = config.data.batch_size * config.data.seq_len * config.grad_accum * ctx.world_size
+        self.tokens_per_step = config.data.batch_size * config.data.seq_len * config.grad_accum * ctx.dp_size
         self.flops_per_step = flops_per_token(model_config, config.data.seq_len) * self.tokens_per_step
         self.peak_flops = device_peak_flops(ctx.device, config.metrics.peak_flops)
 
@@ -179,6 +195,9 @@ class Trainer:
         if self.initial_state is not None:
             load_initial_state(model, self.initial_state)
             self.initial_state = None
+        problems = tensor_parallel_problems(model_config, ctx.layout.tp, self.config.data.seq_len)
+        if problems:
+            raise ConfigError(problems[0])
         model = model.to(ctx.device)
         self.moe_stats = model.moe_stats  # on the GPT itself: DDP and compile wrap it
         n_params = model.num_params()
@@ -244,7 +263,7 @@ class Trainer:
         def batch_fn(index: int):
             if delay:
                 time.sleep(delay)
-            return self.sampler.batch(index, ctx.rank, ctx.world_size, config.data.batch_size)
+            return self.sampler.batch(index, ctx.dp_rank, ctx.dp_size, config.data.batch_size)
 
         indices = range(self.first_step * config.grad_accum, config.steps * config.grad_accum)
         return Prefetcher(batch_fn, indices, depth=config.data.prefetch, pin_memory=ctx.device.type == "cuda")
@@ -288,10 +307,10 @@ class Trainer:
         """One micro-batch's gradients, accumulated; returns its loss share (loss / grad_accum, detached).
         Under DDP the gradients are all-reduced on the step's last micro-batch only."""
         sync = nullcontext() if last or self.ctx.layout.mode != "ddp" else self.model.no_sync()
-        with sync, autocast_context(self.config.parallel, self.ctx):
+        with sync, autocast_context(self.config.parallel, self.ctx), loss_context(self.ctx.layout.tp):
             _, loss = self.model(batch[:, :-1], batch[:, 1:])
             (loss / self.config.grad_accum).backward()
-        return loss.detach() / self.config.grad_accum
+        return replicated_value(loss.detach()) / self.config.grad_accum
 
     def _skip_nonfinite(self, step: int, loss: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)

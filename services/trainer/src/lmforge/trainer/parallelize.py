@@ -1,0 +1,118 @@
+"""Tensor and sequence parallelism (Megatron-style, on DTensor) applied to a built GPT, as
+torchtitan's parallelize step does before activation checkpointing, compile and FSDP.
+
+Inside each block the attention's query/key/value and the MLP's gate/up (or fc) are
+column-parallel (each rank holds some heads, some hidden units) and attn.proj / mlp.proj
+row-parallel; between them the residual stream is split along the sequence (sequence
+parallelism: the norms, dropout and residual adds run on a rank's T/tp tokens). The embedding
+is row-parallel over the vocabulary and hands on a sequence shard; the output head is
+column-parallel over the vocabulary and its logits stay sharded: the model's cross-entropy runs
+under torch's loss_parallel (loss_context), which never gathers (B, T, vocab).
+A tied head shares the embedding's DTensor (both shard the vocabulary rows).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from lmforge.common.model import GPT
+    from lmforge.common.model_config import GPTConfig
+
+
+def tensor_parallel_problems(config: GPTConfig, tp: int, seq_len: int, *, vocabulary: bool = True) -> list[str]:
+    """Why this model does not split over tp ranks (empty: it does); each names parallel.tp.
+    vocabulary=False leaves out the vocabulary (before the data's tokenizer has set it)."""
+    if tp == 1:
+        return []
+    divides = [("n_head", config.n_head, "whole query heads"), ("n_kv_head", config.kv_heads, "whole key/value heads"),
+               ("ffn_hidden_size", config.ffn_hidden_size, "an equal share of the MLP")]
+    if vocabulary:
+        divides.append(("vocab_size", config.vocab_size, "an equal share of the vocabulary"))
+    problems = [
+        f"parallel.tp={tp} must divide model.{field} = {value} (each rank holds {what})"
+        for field, value, what in divides
+        if value % tp
+    ]
+    if seq_len % tp:
+        problems.append(f"parallel.tp={tp} must divide data.seq_len = {seq_len} (sequence parallelism splits it)")
+    if config.moe is not None:
+        problems.append(f"parallel.tp={tp}: tensor parallelism of the MoE layers is not built; use ep for them")
+    return problems
+
+
+def loss_context(tp: int) -> AbstractContextManager:
+    """Around the forward and backward of a tensor-parallel model: cross-entropy on vocabulary-sharded logits."""
+    if tp == 1:
+        return nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def replicated_value(loss: torch.Tensor) -> torch.Tensor:
+    """The loss as a plain tensor (under tp a replicated DTensor, the same on every tp rank)."""
+    from torch.distributed.tensor import DTensor
+
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
+    """Shards the model's parameters over `tp_mesh` in place (DTensors), with sequence parallelism."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    tied = model.lm_head.weight is model.wte.weight
+    top = {
+        "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "ln_f": SequenceParallel(),
+        # the logits stay sharded by vocabulary: loss_context's cross-entropy never gathers them
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    if model.wpe is not None:  # learned positions (T, C): the same sequence shard as the tokens'
+        top["wpe"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+    parallelize_module(model, tp_mesh, top)
+    if tied:  # the head and the embedding are one (vocab, C) tensor, both sharded by vocabulary rows
+        model.lm_head.weight = model.wte.weight
+    for block in model.blocks:
+        mlp: nn.Module = block.mlp
+        columns = ("gate", "up") if hasattr(mlp, "gate") else ("fc",)
+        plan = {
+            "ln_1": SequenceParallel(),
+            "attn.query": ColwiseParallel(),
+            "attn.key": ColwiseParallel(),
+            "attn.value": ColwiseParallel(),
+            "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+            "ln_2": SequenceParallel(),
+            **{f"mlp.{name}": ColwiseParallel() for name in columns},
+            "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        parallelize_module(block, tp_mesh, plan)
+        for module in (block.attn, block.mlp):
+            module.register_forward_pre_hook(_whole_sequence(tp_mesh))
+
+
+def _whole_sequence(tp_mesh: DeviceMesh):
+    """A pre-hook that all-gathers the first input's sequence shards (torchtitan's PrepareModuleInput
+    for x alone: the attention's rope and positions pass as they are). It hands on a DTensor, so the
+    column-parallel projections' input gradients are summed once, by the gather's backward."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def hook(_module: nn.Module, args: tuple):
+        x = args[0]
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, tp_mesh, (Shard(1),), run_check=False)
+        return (x.redistribute(tp_mesh, (Replicate(),)), *args[1:])
+
+    return hook

@@ -1,0 +1,235 @@
+"""Pipeline parallelism (`parallel.pp`) with torch.distributed.pipelining, torchtitan's split.
+
+A built GPT is cut by layer count into pp · virtual_stages model chunks: chunk 0 also holds the
+token (and learned position) embedding, the last chunk the final norm and the output head; rank
+r of the pipeline group owns chunks r, r + pp, r + 2·pp, … (one chunk per rank unless the
+schedule is interleaved). A chunk keeps the full model's parameter names (`blocks.5.attn.query.weight`
+stays that), so checkpoints name the same tensors under any layout. The model code stays free of
+parallelism: the chunk re-uses the GPT's own modules.
+
+The last stage's loss is the cross-entropy mean of its micro-batch divided by the micro-batch count
+(and by grad_accum), so the summed micro-batch losses, and the gradients, equal one process's over
+the whole batch; torch's own gradient scaling stays off (it would rescale gradients accumulated by
+earlier grad_accum calls too). Gradient clipping takes the norm over every stage's parameters
+(`clip_grad_norm_pipeline`).
+
+Not supported, refused by `validate_pipeline` before any process group work: tied embeddings
+(the head would live on another stage than the embedding it shares) and the MoE option (its
+auxiliary losses arise on every stage, but a pipeline backpropagates from the last stage's loss).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from lmforge.common.errors import ConfigError
+from lmforge.common.model import GPT, GPTConfig
+
+__all__ = [
+    "SCHEDULES", "Pipeline", "PipelineChunk", "bubble_fraction", "build_pipeline", "chunk_layers",
+    "clip_grad_norm_pipeline", "pipeline_eval", "pipeline_step", "split_model", "validate_pipeline",
+]
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+INTERLEAVED = ("interleaved_1f1b",)
+
+
+def validate_pipeline(config: GPTConfig, pp: int, schedule: str, microbatches: int, virtual_stages: int = 1) -> None:
+    """Refuses a pipeline layout the model or schedule cannot run, naming the axis (one line)."""
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"parallel.pp: unknown pipeline schedule {schedule!r}; choose one of {sorted(SCHEDULES)}")
+    if virtual_stages < 1:
+        raise ConfigError(f"parallel.pp: virtual stages per rank must be at least 1, got {virtual_stages}")
+    if schedule in INTERLEAVED and virtual_stages < 2:
+        raise ConfigError(f"parallel.pp: schedule {schedule} needs at least 2 virtual stages per rank")
+    if schedule not in INTERLEAVED and virtual_stages != 1:
+        raise ConfigError(f"parallel.pp: schedule {schedule} runs one stage per rank, not {virtual_stages}")
+    if pp == 1:
+        return
+    chunks = pp * virtual_stages
+    if config.n_layer % chunks:
+        raise ConfigError(f"parallel.pp: n_layer {config.n_layer} does not divide into pp {pp} x {virtual_stages} "
+                          f"virtual stages = {chunks} pipeline chunks")
+    if config.tie_embeddings:
+        raise ConfigError(f"parallel.pp: pp {pp} needs untied embeddings (model.tie_embeddings: false); a tied output "
+                          "head would live on another stage than the embedding it shares")
+    if config.moe is not None:
+        raise ConfigError(f"parallel.pp: pp {pp} does not run the MoE option (its auxiliary losses arise on every "
+                          "stage, the pipeline backpropagates from the last stage's loss)")
+    if microbatches < pp:
+        raise ConfigError(f"parallel.pp_microbatches: {microbatches} micro-batches cannot fill pp {pp} stages")
+    if schedule in INTERLEAVED and microbatches % pp:
+        raise ConfigError(f"parallel.pp_microbatches: {microbatches} is not a multiple of pp {pp}, as {schedule} needs")
+
+
+def bubble_fraction(pp: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """The pipeline's idle fraction relative to its ideal time: (pp − 1) / microbatches for GPipe
+    and 1F1B, divided by the virtual stages per rank for interleaved 1F1B (Narayanan et al. 2021)."""
+    return (pp - 1) / (microbatches * virtual_stages)
+
+
+def chunk_layers(n_layer: int, chunks: int) -> list[range]:
+    """The blocks of each chunk, in order (equal counts; validate_pipeline checks they divide)."""
+    per_chunk = n_layer // chunks
+    return [range(index * per_chunk, (index + 1) * per_chunk) for index in range(chunks)]
+
+
+class PipelineChunk(nn.Module):
+    """Consecutive blocks of a GPT, with the embeddings when first and the final norm and output
+    head when last. Input: token ids (first chunk) or hidden states (B, T, n_embd); output:
+    hidden states, or logits (B, T, vocab) from the last chunk."""
+
+    def __init__(self, model: GPT, layers: range, *, first: bool, last: bool):
+        super().__init__()
+        self.wte = model.wte if first else None
+        self.wpe = model.wpe if first else None
+        self.drop = model.drop
+        # A dict keyed by the layer index keeps the full model's parameter names.
+        self.blocks = nn.ModuleDict({str(layer): model.blocks[layer] for layer in layers})
+        self.ln_f = model.ln_f if last else None
+        self.lm_head = model.lm_head if last else None
+        self.rotary = model.wpe is None
+        if self.rotary:
+            self.register_buffer("rope_cos", model.rope_cos, persistent=False)
+            self.register_buffer("rope_sin", model.rope_sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wte is not None:
+            time = x.shape[1]
+            x = self.wte(x)
+            if self.wpe is not None:
+                x = x + self.wpe(torch.arange(time, device=x.device))
+            x = self.drop(x)
+        rope = (self.rope_cos, self.rope_sin) if self.rotary else None
+        for block in self.blocks.values():
+            x = block(x, rope)
+        if self.lm_head is not None:
+            x = self.lm_head(self.ln_f(x))
+        return x
+
+
+def split_model(model: GPT, pp_rank: int, pp: int, virtual_stages: int = 1) -> dict[int, PipelineChunk]:
+    """This rank's chunks of `model`, by stage index (pp_rank, pp_rank + pp, …)."""
+    chunks = pp * virtual_stages
+    layers = chunk_layers(model.config.n_layer, chunks)
+    return {stage: PipelineChunk(model, layers[stage], first=stage == 0, last=stage == chunks - 1)
+            for stage in range(pp_rank, chunks, pp)}
+
+
+class MicrobatchLoss:
+    """The last stage's loss: the micro-batch's mean cross-entropy over `share` (micro-batches ×
+    grad_accum), so the micro-batch losses of one optimizer step sum to the whole batch's mean."""
+
+    def __init__(self, share: int):
+        self.share = share
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return loss / self.share
+
+
+@dataclass
+class Pipeline:
+    """This rank's part of a pipeline: its chunks (their parameters are the optimizer's), the
+    stages wrapping them and the schedule that runs a step."""
+
+    chunks: list[PipelineChunk]
+    stages: list[PipelineStage]
+    schedule: ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B
+    group: dist.ProcessGroup
+    microbatches: int
+    grad_accum: int
+    bubble: float
+
+    @property
+    def has_last_stage(self) -> bool:
+        return any(stage.is_last for stage in self.stages)
+
+    def parameters(self) -> Iterable[nn.Parameter]:
+        for chunk in self.chunks:
+            yield from chunk.parameters()
+
+
+def build_pipeline(model: GPT, group: dist.ProcessGroup, schedule: str, microbatches: int, *,
+                   virtual_stages: int = 1, grad_accum: int = 1, device: torch.device | None = None,
+                   parallelize_chunk: Callable[[PipelineChunk], object] | None = None) -> Pipeline:
+    """Splits a built model (the same on every rank of `group`) into this rank's stages and builds
+    the schedule. `microbatches` is the count per `pipeline_step`; `grad_accum` how many
+    pipeline_step calls one optimizer step accumulates; `parallelize_chunk` applies the other axes
+    (tensor parallelism, FSDP over the data-parallel ranks) to each chunk in place, before the
+    stages wrap them (torchtitan's order)."""
+    pp, pp_rank = dist.get_world_size(group), dist.get_rank(group)
+    validate_pipeline(model.config, pp, schedule, microbatches, virtual_stages)
+    device = device or torch.device("cpu")
+    chunks = split_model(model, pp_rank, pp, virtual_stages)
+    if parallelize_chunk is not None:
+        for chunk in chunks.values():
+            parallelize_chunk(chunk)
+    stages = [PipelineStage(chunk, index, pp * virtual_stages, device, group=group) for index, chunk in chunks.items()]
+    loss_fn = MicrobatchLoss(microbatches * grad_accum)
+    schedule_class = SCHEDULES[schedule]
+    runner = schedule_class(stages if schedule in INTERLEAVED else stages[0], microbatches, loss_fn=loss_fn,
+                            scale_grads=False)
+    return Pipeline(list(chunks.values()), stages, runner, group, microbatches, grad_accum,
+                    bubble_fraction(pp, microbatches, virtual_stages))
+
+
+def pipeline_step(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Forward and backward of one batch (B, T) through the pipeline, gradients accumulated into
+    every rank's chunks; returns the batch's mean cross-entropy on every rank of the group (the
+    share of one optimizer step is this / grad_accum). Every rank passes the same batch; only the
+    first stage reads the inputs and only the last the targets."""
+    return _run_schedule(pipeline, inputs, targets, train=True)
+
+
+@torch.no_grad()
+def pipeline_eval(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The batch's mean cross-entropy through the pipeline, forward only (put the chunks in eval
+    mode first, as for a model), on every rank of the group."""
+    return _run_schedule(pipeline, inputs, targets, train=False)
+
+
+def _run_schedule(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool) -> torch.Tensor:
+    if inputs.shape[0] % pipeline.microbatches:
+        raise ValueError(f"batch of {inputs.shape[0]} sequences does not split into "
+                         f"{pipeline.microbatches} pipeline micro-batches")
+    losses: list[torch.Tensor] = []
+    first = any(stage.is_first for stage in pipeline.stages)
+    run = pipeline.schedule.step if train else pipeline.schedule.eval
+    run(*([inputs] if first else []), target=targets if pipeline.has_last_stage else None, losses=losses,
+        return_outputs=False)
+    if pipeline.has_last_stage:
+        loss = torch.stack([loss.detach() for loss in losses]).sum() * pipeline.grad_accum
+    else:
+        loss = torch.zeros((), device=targets.device)
+    dist.broadcast(loss, group=pipeline.group, group_src=dist.get_world_size(pipeline.group) - 1)
+    return loss
+
+
+def clip_grad_norm_pipeline(params: Iterable[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup,
+                            norm_type: float = 2.0) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over the parameters of every stage: each rank's norm of
+    its own gradients (a DTensor's over its whole mesh, as with FSDP) combined across the pipeline
+    group; every rank scales its gradients by the same factor. Returns the total norm."""
+    params = [p for p in params if p.grad is not None]
+    grads = [p.grad for p in params]
+    local = torch.nn.utils.get_total_norm(grads, norm_type)
+    if hasattr(local, "full_tensor"):  # DTensor gradients (FSDP): reduce over their mesh first
+        local = local.full_tensor()
+    if math.isinf(norm_type):
+        total = local.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=pp_group)
+    else:
+        total = local**norm_type
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=pp_group)
+        total = total ** (1.0 / norm_type)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
