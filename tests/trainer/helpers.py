@@ -19,3 +19,8 @@ def read_metrics(run_dir: Path, kind: str = "step") -> list[dict]:
     """metrics.jsonl records of one kind ("step", "eval", "memory")."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def losses_by_step(run_dir: Path) -> dict[int, float]:
+    """The last logged loss of each step (a resumed run logs the redone steps again)."""
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}

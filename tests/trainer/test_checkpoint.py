@@ -13,7 +13,7 @@ import pytest
 
 from lmforge.trainer.checkpoint import COMMIT_MARKER, committed_steps, step_dir
 from lmforge.trainer.metrics_file import by_attempt, latest_per_step, read_records
-from tests.trainer.helpers import random_output, read_metrics
+from tests.trainer.helpers import losses_by_step, random_output
 
 STEPS = 20
 
@@ -41,11 +41,6 @@ def run(run_dir, data, *, nproc=1, mode="none", batch_size=8, kill_at=None, kill
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                    f"--max-restarts={restarts}", "-m", "lmforge.trainer", *overrides]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
-
-
-def losses_by_step(run_dir) -> dict[int, float]:
-    """The last logged loss of each step (a resumed run logs the redone steps again)."""
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
 
 
 @pytest.fixture(scope="module")

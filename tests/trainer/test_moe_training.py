@@ -18,7 +18,7 @@ from lmforge.trainer.checkpoint import step_dir
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.metrics import TrainMetrics
 from lmforge.trainer.report_html import write_report
-from tests.trainer.helpers import random_output, read_metrics
+from tests.trainer.helpers import losses_by_step, random_output, read_metrics
 
 STEPS = 20
 MOE_FIGURES = ("moe_load_max_over_mean", "moe_dropped_fraction", "moe_balance_loss", "moe_z_loss")
@@ -42,10 +42,6 @@ def run(run_dir, data, *, nproc=1, mode="none", batch_size=8, kill_at=None, drop
         command[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
                         "lmforge.trainer"]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-
-
-def losses_by_step(run_dir) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
 
 
 @pytest.fixture(scope="module")
