@@ -4,16 +4,13 @@ rank, and interrupted saves ignored."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from lmforge.trainer.checkpoint import COMMIT_MARKER, committed_steps, step_dir
 from lmforge.trainer.metrics_file import by_attempt, latest_per_step, read_records
-from tests.trainer.helpers import losses_by_step, random_output
+from tests.trainer.helpers import losses_by_step, random_output, run_trainer
 
 STEPS = 20
 
@@ -29,18 +26,8 @@ def run(run_dir, data, *, nproc=1, mode="none", batch_size=8, kill_at=None, kill
     overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"data.batch_size={batch_size}",
                  f"parallel.mode={mode}", f"steps={STEPS}", "optim.warmup_steps=2", "optim.lr=0.003",
                  "checkpoint.every=5", f"run_dir={run_dir}", *model]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("LMFORGE_TRAINER_KILL_AT_STEP", None)
-    if kill_at is not None:
-        env["LMFORGE_TRAINER_KILL_AT_STEP"] = str(kill_at)
-        if kill_rank is not None:
-            env["LMFORGE_TRAINER_FAULT_RANK"] = str(kill_rank)
-    if nproc == 1 and not restarts:
-        command = [sys.executable, "-m", "lmforge.trainer", *overrides]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   f"--max-restarts={restarts}", "-m", "lmforge.trainer", *overrides]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
+    return run_trainer(overrides, nproc=nproc, restarts=restarts, kill_at=kill_at, kill_rank=kill_rank,
+                       timeout=180)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,6 @@ behind the bias update are summed over the ranks."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +15,7 @@ from lmforge.trainer.checkpoint import step_dir
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.metrics import TrainMetrics
 from lmforge.trainer.report_html import write_report
-from tests.trainer.helpers import losses_by_step, random_output, read_metrics
+from tests.trainer.helpers import losses_by_step, random_output, read_metrics, run_trainer
 
 STEPS = 20
 MOE_FIGURES = ("moe_load_max_over_mean", "moe_dropped_fraction", "moe_balance_loss", "moe_z_loss")
@@ -33,15 +30,7 @@ def run(run_dir, data, *, nproc=1, mode="none", batch_size=8, kill_at=None, drop
     overrides = ["model.preset=moe-debug", f"data.sources=[{{path: {data}}}]", "data.seq_len=32",
                  f"data.batch_size={batch_size}", f"parallel.mode={mode}", f"steps={STEPS}", "optim.warmup_steps=2",
                  "optim.lr=0.003", "checkpoint.every=5", f"run_dir={run_dir}", model, *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("LMFORGE_TRAINER_KILL_AT_STEP", None)
-    if kill_at is not None:
-        env["LMFORGE_TRAINER_KILL_AT_STEP"] = str(kill_at)
-    command = [sys.executable, "-m", "lmforge.trainer", *overrides]
-    if nproc > 1:
-        command[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
-                        "lmforge.trainer"]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    return run_trainer(overrides, nproc=nproc, kill_at=kill_at)
 
 
 @pytest.fixture(scope="module")
