@@ -1,7 +1,7 @@
 """Tensor + sequence parallelism on the trainer's DeviceMesh (torchrun, gloo, CPU, fp32): TP = 2,
 TP = 2 × FSDP = 2 and HSDP 2 × 2 log a 1-rank run's losses step by step (same global batch, the
-tp ranks of a data-parallel group reading the same one); a TP checkpoint resumes under FSDP alone
-and exports; a tp that does not divide the heads is refused before any process group."""
+tp ranks of a data-parallel group reading the same one); a checkpoint saved under TP2 × DP2 resumes
+under DP4 and the reverse, and exports; a tp that does not divide the heads is refused before any process group."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 from lmforge.common.model_package import load_package
 from lmforge.trainer.data import MixtureSampler, ShardSource
 from lmforge.trainer.export import export
-from tests.trainer.helpers import read_metrics
+from tests.trainer.helpers import losses_by_step, read_metrics
+from tests.trainer.helpers import run_trainer as run_trainer_process
 from tests.trainer.test_parallel import STEPS, run_trainer, single_rank_reference
 
 # fp32 over 20 steps. Looser than 1e-5 because the sharded matmuls and the row-parallel all-reduce
@@ -59,29 +60,32 @@ def test_tied_head_and_learned_positions_under_tp_match_one_process(gpt_referenc
 
 
 @pytest.mark.slow
-def test_a_tp_checkpoint_resumes_under_fsdp_alone_and_exports(llama_reference):
-    """Killed at step 12 under TP = 2 (checkpoint at step 9), resumed on 2 FSDP ranks: DCP reshards
-    the DTensors, and steps 10… are the uninterrupted run's."""
+@pytest.mark.parametrize(("name", "saved", "resumed"), [
+    ("tp2xdp2-to-dp4", ("parallel.tp=2", "parallel.dp_shard=2"), ("parallel.dp_shard=4",)),
+    ("dp4-to-tp2xdp2", ("parallel.dp_shard=4",), ("parallel.tp=2", "parallel.dp_shard=2")),
+])
+def test_a_checkpoint_resumes_under_another_layout_and_exports(llama_reference, name, saved, resumed):
+    """Killed at step 12 on 4 ranks under one layout (checkpoint at step 9), resumed on 4 ranks under
+    another: DCP reshards the DTensors, and steps 10… are the uninterrupted one-process run's; export
+    consolidates the checkpoint saved under the first layout."""
     tmp, data, single, model = llama_reference
-    run_dir = tmp / "tp-to-fsdp"
+    run_dir = tmp / name
     common = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"steps={STEPS}", "optim.warmup_steps=2",
               "optim.lr=0.003", "checkpoint.every=5", f"run_dir={run_dir}", "model.preset=llama-debug"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                "-m", "lmforge.trainer"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    killed = subprocess.run([*torchrun, *common, "data.batch_size=8", "parallel.tp=2"], capture_output=True,
-                            text=True, timeout=300, env={**env, "LMFORGE_TRAINER_KILL_AT_STEP": "12"})
+
+    def batch(layout: tuple[str, ...]) -> str:  # the same 8-sequence global batch: 8 / data-parallel ranks
+        return f"data.batch_size={4 if 'parallel.tp=2' in layout else 2}"
+
+    killed = run_trainer_process([*common, batch(saved), *saved], nproc=4, kill_at=12)
     assert killed.returncode != 0
-    resumed = subprocess.run([*torchrun, *common, "data.batch_size=4", "parallel.dp_shard=2"], capture_output=True,
-                             text=True, timeout=300, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    records = read_metrics(run_dir)
+    finished = run_trainer_process([*common, batch(resumed), *resumed], nproc=4)
+    assert finished.returncode == 0, finished.stderr[-3000:]
     assert [start["resumed_from"] for start in read_metrics(run_dir, "start")] == [None, 9]
-    got = {r["step"]: r["loss"] for r in records}  # the resumed attempt's steps 10… are logged last
+    got = losses_by_step(run_dir)  # the resumed attempt's steps 10… are logged last
     assert_matches(single[10:], [got[step] for step in range(10, STEPS)])
 
-    # export consolidates the TP-saved step 9: the package's loss on step 10's batch is the one logged
-    package = export(run_dir / "checkpoints" / "step-00000009", tmp / "tp-package")
+    # export consolidates the step 9 saved under the first layout: the package's loss on step 10's batch
+    package = export(run_dir / "checkpoints" / "step-00000009", tmp / f"{name}-package")
     model, _ = load_package(package)
     sampler = MixtureSampler([ShardSource(data, "train", 32, name="data")], [1.0], seed=1234)
     tokens = torch.from_numpy(sampler.batch(10, 0, 1, 8)[0])
