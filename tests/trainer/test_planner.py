@@ -208,6 +208,19 @@ def test_llama_70b_on_1024_h100_uses_tensor_parallelism_inside_a_node_and_fits()
     assert 0.3 < best.time.mfu < 0.7
 
 
+@pytest.mark.parametrize("preset", ["llama-1b", "moe-8x1b"])
+def test_layouts_the_trainer_refuses_are_not_searched(preset):
+    """A pipeline needs untied embeddings and a dense model; context parallelism a dense model."""
+    shape = shape_of(preset)
+    request = PlanRequest(shape, cluster(4), seq_len=4096, global_batch=256, tokens=1e11)
+    candidates, _ = search(request)
+    assert candidates and all(c.layout.pp == 1 for c in candidates)
+    assert all(c.layout.cp == 1 for c in candidates) == shape.is_moe
+    untied, _ = search(PlanRequest(shape_of("llama-1b", tie_embeddings=False), cluster(4), seq_len=4096,
+                                   global_batch=256, tokens=1e11))
+    assert any(c.layout.pp > 1 for c in untied)
+
+
 def test_70b_on_eight_gpus_without_sharding_does_not_fit():
     shape = shape_of("llama-70b")
     request = PlanRequest(shape, cluster(1), seq_len=8192, global_batch=64, tokens=1e12)

@@ -118,8 +118,11 @@ def _layout_axes(request: PlanRequest):
         for t in _powers_of_two(cluster.gpus_per_node)
         if cluster.gpus_per_node % t == 0 and shape.heads % t == 0 and shape.kv_heads % t == 0
     ]
-    pps = [p for p in _divisors(cluster.nodes) if shape.layers % p == 0]
-    cps = [c for c in _powers_of_two(MAX_CP) if c == 1 or request.seq_len % (2 * c) == 0]
+    # What the trainer refuses is not searched: a pipeline with tied embeddings or MoE layers
+    # (lmforge.trainer.pipeline.validate_pipeline), context parallelism with MoE layers.
+    pipeline_ok = not (shape.tied or shape.is_moe)
+    pps = [p for p in _divisors(cluster.nodes) if shape.layers % p == 0 and (p == 1 or pipeline_ok)]
+    cps = [c for c in _powers_of_two(MAX_CP) if c == 1 or (request.seq_len % (2 * c) == 0 and not shape.is_moe)]
     for tp, pp, cp in itertools.product(
         *(_allowed(request, axis, values) for axis, values in (("tp", tps), ("pp", pps), ("cp", cps)))
     ):
