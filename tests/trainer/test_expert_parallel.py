@@ -2,7 +2,8 @@
 the concatenated batch: the MoE block's outputs, drops, aux loss, stats, bias-balancing update and
 gradients (after the data-parallel reduction); 10 training steps of a 2-layer MoE model with
 clipping by the whole model's norm (ep=2; ep=2 under FSDP2; two ep groups of one rank), losses and
-norms ≤ 1e-5; the sharded experts saved with DCP and loaded whole into one process. This module is
+norms ≤ 1e-5; bf16 tokens into the fp32 sharded experts (FSDP's mixed precision); the sharded
+experts saved with DCP and loaded whole into one process. This module is
 also the worker: torchrun runs it with `-m`."""
 
 from __future__ import annotations
@@ -235,6 +236,28 @@ def save_and_reload(sharded: torch.nn.Module, reference: torch.nn.Module, mesh, 
     return max(max_diff(comparable(n, restored_state[n]), comparable(n, saved[n])) for n in saved)
 
 
+def check_mixed_precision(mesh, rank: int, ranks: int) -> dict[str, float]:
+    """FSDP's bf16 mixed precision as the trainer runs it: bf16 tokens and router, the sharded
+    experts (which FSDP leaves alone) fp32, against one process with every parameter in bf16."""
+    spec = BLOCKS["swiglu-aux-loss"]
+    torch.manual_seed(0)
+    reference = MoE(DIM, HIDDEN, spec["config"], spec["activation"], spec["bias"])
+    sharded = copy.deepcopy(reference)
+    apply_expert_parallel(sharded, mesh)
+    sharded.router.to(torch.bfloat16)
+    reference.to(torch.bfloat16)
+    x_all = torch.randn(2 * ranks, 6, DIM).to(torch.bfloat16)
+    out_all = reference(x_all)
+    out = sharded(x_all[2 * rank : 2 * rank + 2])
+    out.float().square().sum().backward()
+    grads = [p.grad for p in expert_parameters(sharded)]
+    return {
+        "output": max_diff(out.float(), out_all[2 * rank : 2 * rank + 2].float()) / float(out_all.float().abs().max()),
+        "output_bf16": float(out.dtype == torch.bfloat16),
+        "expert_grads_fp32": float(all(g is not None and g.dtype == torch.float32 for g in grads)),
+    }
+
+
 def worker(out_dir: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -242,6 +265,7 @@ def worker(out_dir: Path) -> None:
     rank, ranks = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (ranks,), mesh_dim_names=("ep",))
     results = {name: check_block(name, mesh, rank, ranks) for name in BLOCKS}
+    results["mixed-precision"] = check_mixed_precision(mesh, rank, ranks)
     for variant in TRAINING:
         results[variant] = check_training(variant, rank, ranks, out_dir)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
@@ -277,6 +301,15 @@ def test_moe_block_on_two_ep_ranks_equals_one_process(results, block):
         for key in ("output", "aux_loss", "stats", "eval_output", "selection_bias"):
             assert got.get(key, 0.0) <= 1e-6, (key, got)
         assert got["grads"] <= 1e-5 and got["input_grad"] <= 1e-5, got
+
+
+@pytest.mark.slow
+def test_bf16_tokens_run_the_fp32_experts_in_bf16(results):
+    """The trainer's FSDP mixed precision casts what it shards to bf16 but not the experts: their
+    matmuls autocast to the tokens' dtype (bf16 rounding from the one-process bf16 block)."""
+    for rank_results in results[1]:
+        got = rank_results["mixed-precision"]
+        assert got["output"] <= 1e-2 and got["output_bf16"] == 1.0 and got["expert_grads_fp32"] == 1.0, got
 
 
 @pytest.mark.slow

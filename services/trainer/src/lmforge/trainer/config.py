@@ -77,8 +77,8 @@ class ParallelSection(StrictModel):
     pp: MeshDegree = Field(1, description="pipeline stages, across nodes; -1: the rest (issue 18: refused above 1 "
                            "today)")
     cp: MeshDegree = Field(1, description="context-parallel ranks; -1: the rest (issue 18: refused above 1 today)")
-    ep: int = Field(1, ge=1, description="expert-parallel ranks, borrowed from dp_shard x cp (issue 18: refused "
-                    "above 1 today)")
+    ep: int = Field(1, ge=1, description="expert-parallel ranks for the MoE option's experts, borrowed from "
+                    "dp_shard (it must divide dp_shard and num_experts)")
     pp_microbatches: int | None = Field(None, ge=1, description="pipeline micro-batches per step, each "
                                         "data.batch_size sequences (pp > 1 only; issue 18)")
     reshard_after_forward: bool = Field(True, description="False = shard-grad-op (ZeRO-2-like)")

@@ -143,7 +143,7 @@ class ExpertParallelMoE(MoE):
         received = _AllToAll.apply(sent, plan.receive_splits, plan.send_splits, group)
         inputs = torch.cat((received, received.new_zeros(1, received.shape[-1])))[plan.buffer_row]
         inputs = inputs.view(plan.local_experts, plan.rows, -1)
-        outputs = self.experts(DTensor.from_local(inputs, self.ep_mesh, [Shard(0)], run_check=False)).to_local()
+        outputs = self._local_experts(inputs)
         returned = _AllToAll.apply(
             outputs.reshape(-1, outputs.shape[-1])[plan.received_slot], plan.send_splits, plan.receive_splits, group
         )
@@ -153,6 +153,15 @@ class ExpertParallelMoE(MoE):
             out = out + self.shared_expert(tokens.unsqueeze(0)).squeeze(0)
         self._account_globally(routing, plan, group)
         return out.view(x.shape)
+
+    def _local_experts(self, inputs: torch.Tensor) -> torch.Tensor:
+        """This rank's experts on their (local_experts, rows, dim) inputs. Under FSDP's mixed
+        precision the tokens arrive in bf16 while the experts, which FSDP leaves alone, keep fp32
+        parameters: their matmuls then run in the tokens' dtype (autocast), as FSDP's cast would
+        have them, and their gradients stay fp32."""
+        weight_dtype = next(self.experts.parameters()).dtype
+        with torch.autocast(inputs.device.type, dtype=inputs.dtype, enabled=inputs.dtype != weight_dtype):
+            return self.experts(DTensor.from_local(inputs, self.ep_mesh, [Shard(0)], run_check=False)).to_local()
 
     def _account_globally(self, routing: Routing, plan: ExchangePlan, group: dist.ProcessGroup) -> None:
         # Over the group's tokens: the probabilities' sum (balance loss) and logsumexp²'s (z-loss)

@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lmforge.trainer.config import ParallelSection
+from lmforge.trainer.expert_parallel import apply_expert_parallel, expert_parameters
+from lmforge.trainer.expert_parallel_layout import ExpertParallelGroups, build_expert_parallel_groups
 from lmforge.trainer.mesh_layout import MESH_ORDER, MeshLayout, trainer_layout
 from lmforge.trainer.parallelize import apply_tensor_parallel
 
@@ -27,6 +29,7 @@ class Dist:
     device: torch.device
     mesh: DeviceMesh | None  # the named axes above 1 (MESH_ORDER), and the data-parallel wrapper's
     layout: MeshLayout = MeshLayout()  # the parallel section's degrees at this world size
+    experts: ExpertParallelGroups | None = None  # ep > 1: the ep groups over the data-parallel ranks
 
     @property
     def is_main(self) -> bool:
@@ -59,7 +62,8 @@ def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
         # On GPU the timeout is also the NCCL watchdog's: a hung peer ends the job instead of stalling it.
         dist.init_process_group("nccl" if use_cuda else "gloo", store=_attempt_store(rank, world_size),
                                 rank=rank, world_size=world_size, timeout=timedelta(seconds=parallel.timeout_seconds))
-    return Dist(rank, world_size, local_rank, device, build_mesh(layout, device), layout)
+    mesh = build_mesh(layout, device)
+    return Dist(rank, world_size, local_rank, device, mesh, layout, build_expert_parallel_groups(mesh, layout))
 
 
 def build_mesh(layout: MeshLayout, device: torch.device) -> DeviceMesh | None:
@@ -85,10 +89,12 @@ def _attempt_store(rank: int, world_size: int) -> dist.Store:
 
 
 def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -> torch.nn.Module:
-    """Tensor + sequence parallelism, activation checkpointing, the data-parallel wrapper, compile
-    (torchtitan's order)."""
+    """Tensor + sequence parallelism, expert parallelism, activation checkpointing, the data-parallel
+    wrapper, compile (torchtitan's order)."""
     if ctx.layout.tp > 1:
         apply_tensor_parallel(model, ctx.mesh["tp"])
+    if ctx.experts is not None:
+        apply_expert_parallel(model, ctx.experts.mesh)
     if parallel.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -118,6 +124,8 @@ def _fully_shard(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -
     kwargs = {"mesh": ctx.mesh[dp_axes], "reshard_after_forward": parallel.reshard_after_forward}
     if policy is not None:
         kwargs["mp_policy"] = policy
+    if ctx.experts is not None:  # sharded over ep instead; their gradients are reduced by the trainer's step
+        kwargs["ignored_params"] = set(expert_parameters(model))
     for block in model.blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

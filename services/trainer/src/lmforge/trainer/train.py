@@ -30,6 +30,7 @@ from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_lates
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
 from lmforge.trainer.data_sync import sync_sources
+from lmforge.trainer.expert_parallel_layout import clip_gradients_expert_parallel, expert_parallel_problems
 from lmforge.trainer.init_from import initial_weights, load_initial_state
 from lmforge.trainer.mesh_layout import trainer_layout
 from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_bytes
@@ -144,7 +145,9 @@ def refuse_unsplittable_model(config: TrainConfig) -> None:
     if config.model.init_from:
         return
     layout = trainer_layout(config.parallel, int(os.environ.get("WORLD_SIZE", "1")))
-    problems = tensor_parallel_problems(config.model.build(), layout.tp, config.data.seq_len, vocabulary=False)
+    model = config.model.build()
+    problems = [*tensor_parallel_problems(model, layout.tp, config.data.seq_len, vocabulary=False),
+                *expert_parallel_problems(model, layout)]
     if problems:
         raise ConfigError(problems[0])
 
@@ -195,7 +198,8 @@ class Trainer:
         if self.initial_state is not None:
             load_initial_state(model, self.initial_state)
             self.initial_state = None
-        problems = tensor_parallel_problems(model_config, ctx.layout.tp, self.config.data.seq_len)
+        problems = [*tensor_parallel_problems(model_config, ctx.layout.tp, self.config.data.seq_len),
+                    *expert_parallel_problems(model_config, ctx.layout)]
         if problems:
             raise ConfigError(problems[0])
         model = model.to(ctx.device)
@@ -280,7 +284,10 @@ class Trainer:
             batch, waited = self._next_batch(batches)
             data_wait += waited
             step_loss += self.forward_backward(batch, last=micro == self.config.grad_accum - 1)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        if self.ctx.experts is not None:  # the expert gradients are reduced here, not by FSDP
+            norm = clip_gradients_expert_parallel(self.model, self.ctx.experts, self.config.optim.grad_clip)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
         if hasattr(norm, "full_tensor"):  # a DTensor under FSDP: each rank holds its shards' part
             norm = norm.full_tensor()
         loss = all_reduce_mean(step_loss, self.ctx).item()
