@@ -164,18 +164,18 @@ def _stage_memory(
     shape: ModelShape, layout: Layout, seq_len: int, state: StateConfig, flash_attention: bool, stage: str
 ) -> Memory:
     dense, experts = stage_params(shape, layout, stage)
-    unsharded = dense + experts
-    # FSDP spreads the dense weights over dp_shard·cp ranks and each EP rank's experts over
-    # dp_shard·cp/ep: every GPU owns the same share of both.
-    owned = (dense + experts * layout.ep) / layout.fsdp
-    layer_expert = shape.layer_expert_params / layout.ep
-    layer_unsharded = (shape.layer_params - shape.layer_expert_params + layer_expert) / layout.tp
+    # FSDP spreads the weights over dp_shard·cp ranks, but under expert parallelism the routed
+    # experts are FSDP's ignored parameters (lmforge.trainer.expert_parallel): each GPU holds its
+    # E/ep experts whole.
+    sharded = dense if layout.ep > 1 else dense + experts
+    owned = sharded / layout.fsdp + (experts if layout.ep > 1 else 0.0)
+    layer_sharded = (shape.layer_params - (shape.layer_expert_params if layout.ep > 1 else 0)) / layout.tp
     if layout.fsdp == 1:
         buffers = 0.0
     elif layout.pp > 1:  # the stage stays unsharded: bf16 parameters, fp32 accumulated gradients
-        buffers = unsharded * (ACTIVATION_BYTES + state.reduce_bytes)
+        buffers = sharded * (ACTIVATION_BYTES + state.reduce_bytes)
     else:
-        buffers = PREFETCHED_LAYERS * layer_unsharded * (ACTIVATION_BYTES + state.reduce_bytes)
+        buffers = PREFETCHED_LAYERS * layer_sharded * (ACTIVATION_BYTES + state.reduce_bytes)
 
     layer = layer_activation_bytes(shape, layout, seq_len, flash_attention)
     layers = shape.layers // layout.pp
