@@ -1,7 +1,7 @@
 """The `parallel:` mesh axes (dp_replicate, dp_shard, tp, pp, cp, ep; -1 = the rest of the world
 size): resolved against the world size, `mode` and `replicate_degree` meaning what they meant
 before, bad layouts refused naming the axis and the world size, and the axes the trainer does not
-run yet (pp, cp; tp and ep run) refused when it starts (exit 2, one line) rather than ignored."""
+run yet (pp; tp, cp and ep run) refused when it starts (exit 2, one line) rather than ignored."""
 
 from __future__ import annotations
 
@@ -110,9 +110,7 @@ def test_bad_axes_are_refused_when_the_config_loads():
     ("parallel", "world_size", "axis"),
     [
         ({"pp": 2, "pp_microbatches": 2}, 1, "pp=2 (world size 1): pipeline"),  # said before the product would be
-        ({"dp_shard": 2, "cp": -1}, 4, "cp=2 (world size 4)"),  # filled to 2
         ({"dp_shard": -1, "pp": 2, "pp_microbatches": 4}, 4, "pp=2 (world size 4): pipeline parallelism"),
-        ({"dp_shard": -1, "cp": 2}, 4, "cp=2 (world size 4): context parallelism"),
     ],
 )
 def test_axes_the_trainer_does_not_run_yet_are_refused_not_ignored(parallel, world_size, axis):
@@ -123,11 +121,13 @@ def test_axes_the_trainer_does_not_run_yet_are_refused_not_ignored(parallel, wor
     assert "\n" not in str(refused.value)
 
 
-def test_the_trainer_refuses_context_parallelism_at_start_with_exit_2(tmp_path, monkeypatch, capsys):
+def test_the_trainer_refuses_context_parallelism_under_ddp_at_start_with_exit_2(tmp_path, monkeypatch, capsys):
     """Before any process group or run directory: WORLD_SIZE=2 is read, nothing connects."""
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main([f"data.sources=[{{path: {tmp_path}}}]", f"run_dir={tmp_path / 'run'}", "parallel.cp=2"]) == 2
+    overrides = [f"data.sources=[{{path: {tmp_path}}}]", f"run_dir={tmp_path / 'run'}", "parallel.cp=2",
+                 "parallel.mode=ddp"]
+    assert main(overrides) == 2
     err = capsys.readouterr().err
-    assert "parallel.cp=2 (world size 2): context parallelism is not in the trainer yet" in err
+    assert "parallel.cp=2 with parallel.mode ddp (world size 2): context parallelism runs under FSDP" in err
     assert err.strip().count("\n") == 0
     assert not (tmp_path / "run").exists()

@@ -76,7 +76,8 @@ class ParallelSection(StrictModel):
                            "above 1 today)")
     pp: MeshDegree = Field(1, description="pipeline stages, across nodes; -1: the rest (issue 18: refused above 1 "
                            "today)")
-    cp: MeshDegree = Field(1, description="context-parallel ranks; -1: the rest (issue 18: refused above 1 today)")
+    cp: MeshDegree = Field(1, description="context-parallel ranks, each holding 2 of 2·cp chunks of every "
+                           "sequence (data.seq_len divisible by 2·cp; FSDP shards over dp_shard x cp); -1: the rest")
     ep: int = Field(1, ge=1, description="expert-parallel ranks for the MoE option's experts, borrowed from "
                     "dp_shard (it must divide dp_shard and num_experts)")
     pp_microbatches: int | None = Field(None, ge=1, description="pipeline micro-batches per step, each "

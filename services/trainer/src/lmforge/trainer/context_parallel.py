@@ -8,25 +8,28 @@ rank's key/value gradients back to their owner), and attends its queries to the 
 sequence under a mask built from global positions. The loss is each rank's cross-entropy sum
 over the global token count, so the shares add up to the one-process mean.
 
-On CUDA, torch.distributed.tensor.experimental.context_parallel (ring attention) is an
-alternative; it has no CPU kernel, this module is what the CPU tests prove.
+This is what the trainer runs on every backend (train.Trainer, parallel.parallelize). torch's
+ring attention (torch.distributed.tensor.experimental.context_parallel) is CUDA-only and not wired.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.nn.functional import all_gather
+
+if TYPE_CHECKING:
+    from lmforge.common.model_config import GPTConfig
 
 __all__ = [
     "ContextParallelBatch", "all_reduce_gradients", "apply_context_parallel", "check_sequence_length",
-    "context_parallel_forward", "context_parallel_loss", "gather_sequence", "shard_batch", "shard_sequence",
-    "unshard_sequence",
+    "context_parallel_forward", "context_parallel_loss", "context_parallel_problems", "gather_sequence", "shard_batch",
+    "shard_sequence", "unshard_sequence",
 ]
 
 IGNORE_INDEX = -100  # F.cross_entropy's default
@@ -36,6 +39,24 @@ def check_sequence_length(seq_len: int, cp: int) -> None:
     if seq_len % (2 * cp):
         raise ValueError(f"parallel.cp={cp}: the sequence length {seq_len} is not divisible by 2·cp = {2 * cp} "
                          f"(load-balanced context parallelism cuts it into 2·cp chunks)")
+
+
+def context_parallel_problems(cp: int, tp: int, seq_len: int, model_config: GPTConfig | None = None) -> list[str]:
+    """Why this run does not split over cp ranks (empty: it does), each naming parallel.cp; checked
+    before any process group. model_config None: not known yet (init_from's, checked when built)."""
+    if cp == 1:
+        return []
+    problems = []
+    if seq_len % (2 * cp):
+        problems.append(f"parallel.cp={cp}: data.seq_len = {seq_len} is not divisible by 2·cp = {2 * cp} "
+                        "(load-balanced context parallelism cuts the sequence into 2·cp chunks)")
+    elif (seq_len // cp) % tp:
+        problems.append(f"parallel.cp={cp} × tp={tp}: each cp rank's {seq_len // cp} tokens (data.seq_len / cp) "
+                        f"are not divisible by tp = {tp} (sequence parallelism splits them)")
+    if model_config is not None and model_config.moe is not None:
+        problems.append(f"parallel.cp={cp}: context parallelism does not support the MoE option yet "
+                        "(its balance losses are per-rank)")
+    return problems
 
 
 def shard_sequence(tensor: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
@@ -77,10 +98,12 @@ def shard_batch(idx: torch.Tensor, targets: torch.Tensor | None, group: dist.Pro
 
 
 def _gather_heads(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """Every rank's (B, H, T/cp, D) put together in sequence order (B, H, T, D). torch's
-    differentiable all_gather sends each rank's gradient back to its owner (a reduce-scatter
-    on NCCL, an all-to-all and sum on gloo)."""
-    return unshard_sequence(list(all_gather(local, group=group)), dim=2)
+    """Every rank's (B, H, T/cp, D) put together in sequence order (B, H, T, D). The functional
+    all-gather's backward reduce-scatters: each rank's gradient is summed back to its owner.
+    (torch.distributed.nn's all_gather is not used: on gloo its backward takes group ranks for
+    global ones, which fails for a cp group that is not ranks 0…cp-1, as under tp.)"""
+    gathered = funcol.all_gather_single(local.contiguous(), 0, group)
+    return unshard_sequence(list(gathered.chunk(dist.get_world_size(group), dim=0)), dim=2)
 
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -116,6 +139,8 @@ def context_parallel_loss(logits: torch.Tensor, targets: torch.Tensor,
     summing gradients over the group gives its gradient. The mean is detached, for logging."""
     local_sum = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
                                 ignore_index=IGNORE_INDEX, reduction="sum")
+    if hasattr(local_sum, "full_tensor"):  # vocabulary-sharded logits under tp (loss_parallel): a replicated DTensor
+        local_sum = local_sum.full_tensor()
     count = (targets != IGNORE_INDEX).sum().to(local_sum.dtype)
     dist.all_reduce(count, group=group)
     share = local_sum / count

@@ -7,9 +7,10 @@ ep borrows its ranks from dp_shard × cp (torchtitan's expert parallelism), so i
 them and adds none. `mode`, the older form, names the data-parallel wrapper and fills its axis:
 ddp fills dp_replicate, fsdp dp_shard, hsdp dp_shard with dp_replicate = replicate_degree (the
 same axis). Without `mode` the wrapper follows the degrees: ddp when only dp_replicate > 1, fsdp
-when dp_shard > 1, hsdp when both. The trainer runs the data-parallel axes and tp (with FSDP or
-HSDP, or alone: torch's DDP takes no DTensor parameters) and ep; pp and cp above 1 are refused
-when it starts, until their modules are integrated. The DeviceMesh's axes are in MESH_ORDER: pp
+when dp_shard > 1, hsdp when both; cp > 1 counts as dp_shard's (FSDP shards over dp_shard × cp).
+The trainer runs the data-parallel axes, tp (with FSDP or HSDP, or alone: torch's DDP takes no
+DTensor parameters), cp (under FSDP or HSDP) and ep; pp above 1 is refused when it starts, until
+its module is integrated. The DeviceMesh's axes are in MESH_ORDER: pp
 outermost, tp innermost (a tp group is consecutive ranks, inside a node), as torchtitan's.
 """
 
@@ -31,7 +32,6 @@ MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # the DeviceMesh's 
 FILL = -1
 NOT_YET = {
     "pp": "pipeline parallelism",
-    "cp": "context parallelism",
 }
 MODE_FILLS = {"ddp": "dp_replicate", "fsdp": "dp_shard", "hsdp": "dp_shard"}  # the axis each mode fills
 
@@ -58,7 +58,8 @@ class MeshLayout:
 
 def wrapper_mode(degrees: Mapping[str, int]) -> str:
     """The data-parallel wrapper the (filled) degrees call for."""
-    replicate, shard = degrees["dp_replicate"] > 1, degrees["dp_shard"] > 1
+    # context parallelism runs under FSDP over dp_shard × cp (whose reduce-scatter sums the cp ranks' gradients)
+    replicate, shard = degrees["dp_replicate"] > 1, degrees["dp_shard"] > 1 or degrees["cp"] > 1
     if shard:
         return "hsdp" if replicate else "fsdp"
     return "ddp" if replicate else "none"
@@ -120,6 +121,12 @@ def trainer_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
     _refuse_unbuilt(_requested(parallel)[0], world_size)  # before the product: tp=2 on one process says tp
     layout = resolve_layout(parallel, world_size)
     _refuse_unbuilt(layout.axes(), world_size)
+    if layout.cp > 1 and layout.mode in ("none", "ddp"):
+        raise ConfigError(
+            f"parallel.cp={layout.cp} with parallel.mode {layout.mode} (world size {world_size}): context "
+            "parallelism runs under FSDP over dp_shard × cp, which sums the cp ranks' gradients; leave mode "
+            "out or use fsdp or hsdp"
+        )
     if layout.tp > 1 and layout.mode == "ddp":
         raise ConfigError(
             f"parallel.tp={layout.tp} with DDP (dp_replicate={layout.dp_replicate}, world size {world_size}): "

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lmforge.trainer.config import ParallelSection
+from lmforge.trainer.context_parallel import apply_context_parallel
 from lmforge.trainer.expert_parallel import apply_expert_parallel, expert_parameters
 from lmforge.trainer.expert_parallel_layout import ExpertParallelGroups, build_expert_parallel_groups
 from lmforge.trainer.mesh_layout import MESH_ORDER, MeshLayout, trainer_layout
@@ -45,6 +46,11 @@ class Dist:
         """This rank's data-parallel index: its coordinate on dp_replicate × dp_shard (MESH_ORDER)."""
         inner = self.layout.cp * self.layout.tp
         return (self.rank // inner) % self.dp_size
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup | None:
+        """The context-parallel ranks that share this rank's batch (each holds a shard of its sequences)."""
+        return self.mesh["cp"].get_group() if self.layout.cp > 1 else None
 
 
 def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
@@ -89,8 +95,10 @@ def _attempt_store(rank: int, world_size: int) -> dist.Store:
 
 
 def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -> torch.nn.Module:
-    """Tensor + sequence parallelism, expert parallelism, activation checkpointing, the data-parallel
-    wrapper, compile (torchtitan's order)."""
+    """Context parallelism, tensor + sequence parallelism, expert parallelism, activation checkpointing,
+    the data-parallel wrapper, compile (torchtitan's order)."""
+    if ctx.layout.cp > 1:
+        apply_context_parallel(model, ctx.cp_group)
     if ctx.layout.tp > 1:
         apply_tensor_parallel(model, ctx.mesh["tp"])
     if ctx.experts is not None:
@@ -120,6 +128,9 @@ def _fully_shard(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -
     if parallel.mixed_precision and ctx.device.type == "cuda":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     dp_axes = ("dp_replicate", "dp_shard") if ctx.layout.mode == "hsdp" else ("dp_shard",)
+    if ctx.layout.cp > 1:  # torchtitan's dp_shard_cp: the reduce-scatter's mean over it is also the cp ranks'
+        ctx.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")  # (train.forward_backward scales by cp: a sum)
+        dp_axes = (*dp_axes[:-1], "dp_shard_cp")
     # With tp the FSDP mesh is a sub-mesh of the world's: FSDP2 then shards the tp DTensors (2-D).
     kwargs = {"mesh": ctx.mesh[dp_axes], "reshard_after_forward": parallel.reshard_after_forward}
     if policy is not None:

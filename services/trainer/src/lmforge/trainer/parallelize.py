@@ -80,8 +80,8 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
         # the logits stay sharded by vocabulary: loss_context's cross-entropy never gathers them
         "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
     }
-    if model.wpe is not None:  # learned positions (T, C): the same sequence shard as the tokens'
-        top["wpe"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+    if model.wpe is not None:  # learned positions (T, C), or (B, T, C) under cp: the tokens' sequence shard
+        top["wpe"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-2))
     parallelize_module(model, tp_mesh, top)
     if tied:  # the head and the embedding are one (vocab, C) tensor, both sharded by vocabulary rows
         model.lm_head.weight = model.wte.weight

@@ -28,6 +28,7 @@ from lmforge.common.moe import update_router_biases
 from lmforge.trainer import faults
 from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_latest
 from lmforge.trainer.config import TrainConfig
+from lmforge.trainer.context_parallel import context_parallel_forward, context_parallel_problems
 from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
 from lmforge.trainer.data_sync import sync_sources
 from lmforge.trainer.expert_parallel_layout import clip_gradients_expert_parallel, expert_parallel_problems
@@ -101,7 +102,10 @@ def evaluate(model, sampler: MixtureSampler, config: TrainConfig, ctx: Dist) -> 
         tokens, _ = sampler.batch(index, ctx.dp_rank, ctx.dp_size, config.data.batch_size)
         batch = torch.from_numpy(tokens).to(ctx.device)
         with autocast_context(config.parallel, ctx), loss_context(ctx.layout.tp):
-            _, loss = model(batch[:, :-1], batch[:, 1:])
+            if ctx.cp_group is not None:  # this rank's shard of the sequences; the cp group's mean loss
+                _, _, loss = context_parallel_forward(model, batch[:, :-1], batch[:, 1:], ctx.cp_group)
+            else:
+                _, loss = model(batch[:, :-1], batch[:, 1:])
             loss = replicated_value(loss)
         total += loss.float() / config.eval_batches
     model.train()
@@ -140,14 +144,14 @@ def train(config: TrainConfig) -> list[float]:
 
 
 def refuse_unsplittable_model(config: TrainConfig) -> None:
-    """A model the layout does not divide (heads by tp, …) fails before any process group work, naming
-    the axis (init_from's shape and the data's vocabulary are checked when the model is built)."""
-    if config.model.init_from:
-        return
+    """A model the layout does not divide (heads by tp, the sequence by 2·cp, …) fails before any process
+    group work, naming the axis (init_from's shape and the data's vocabulary are checked when the model is built)."""
     layout = trainer_layout(config.parallel, int(os.environ.get("WORLD_SIZE", "1")))
-    model = config.model.build()
-    problems = [*tensor_parallel_problems(model, layout.tp, config.data.seq_len, vocabulary=False),
-                *expert_parallel_problems(model, layout)]
+    model_config = None if config.model.init_from else config.model.build()
+    problems = context_parallel_problems(layout.cp, layout.tp, config.data.seq_len, model_config)
+    if model_config is not None:
+        problems += [*tensor_parallel_problems(model_config, layout.tp, config.data.seq_len, vocabulary=False),
+                     *expert_parallel_problems(model_config, layout)]
     if problems:
         raise ConfigError(problems[0])
 
@@ -199,6 +203,7 @@ class Trainer:
             load_initial_state(model, self.initial_state)
             self.initial_state = None
         problems = [*tensor_parallel_problems(model_config, ctx.layout.tp, self.config.data.seq_len),
+                    *context_parallel_problems(ctx.layout.cp, ctx.layout.tp, self.config.data.seq_len, model_config),
                     *expert_parallel_problems(model_config, ctx.layout)]
         if problems:
             raise ConfigError(problems[0])
@@ -315,8 +320,13 @@ class Trainer:
         Under DDP the gradients are all-reduced on the step's last micro-batch only."""
         sync = nullcontext() if last or self.ctx.layout.mode != "ddp" else self.model.no_sync()
         with sync, autocast_context(self.config.parallel, self.ctx), loss_context(self.ctx.layout.tp):
-            _, loss = self.model(batch[:, :-1], batch[:, 1:])
-            (loss / self.config.grad_accum).backward()
+            if self.ctx.cp_group is not None:
+                # FSDP's reduce-scatter averages over dp_shard × cp: scaled by cp, the cp ranks' shares add up
+                _, share, loss = context_parallel_forward(self.model, batch[:, :-1], batch[:, 1:], self.ctx.cp_group)
+                (share * (self.ctx.layout.cp / self.config.grad_accum)).backward()
+            else:
+                _, loss = self.model(batch[:, :-1], batch[:, 1:])
+                (loss / self.config.grad_accum).backward()
         return replicated_value(loss.detach()) / self.config.grad_accum
 
     def _skip_nonfinite(self, step: int, loss: float) -> None:
