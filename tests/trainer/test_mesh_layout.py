@@ -1,7 +1,7 @@
 """The `parallel:` mesh axes (dp_replicate, dp_shard, tp, pp, cp, ep; -1 = the rest of the world
 size): resolved against the world size, `mode` and `replicate_degree` meaning what they meant
 before, bad layouts refused naming the axis and the world size, and the axes the trainer does not
-run yet (pp, cp, ep; tp runs) refused when it starts (exit 2, one line) rather than ignored."""
+run yet (cp, ep; tp and pp run) refused when it starts (exit 2, one line) rather than ignored."""
 
 from __future__ import annotations
 
@@ -109,9 +109,7 @@ def test_bad_axes_are_refused_when_the_config_loads():
 @pytest.mark.parametrize(
     ("parallel", "world_size", "axis"),
     [
-        ({"pp": 2, "pp_microbatches": 2}, 1, "pp=2 (world size 1): pipeline"),  # said before the product would be
         ({"dp_shard": 2, "cp": -1}, 4, "cp=2 (world size 4)"),  # filled to 2
-        ({"dp_shard": -1, "pp": 2, "pp_microbatches": 4}, 4, "pp=2 (world size 4): pipeline parallelism"),
         ({"dp_shard": -1, "cp": 2}, 4, "cp=2 (world size 4): context parallelism"),
         ({"dp_shard": -1, "ep": 2}, 4, "ep=2 (world size 4): expert parallelism"),
     ],

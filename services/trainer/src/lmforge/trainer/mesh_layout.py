@@ -8,9 +8,9 @@ them and adds none. `mode`, the older form, names the data-parallel wrapper and 
 ddp fills dp_replicate, fsdp dp_shard, hsdp dp_shard with dp_replicate = replicate_degree (the
 same axis). Without `mode` the wrapper follows the degrees: ddp when only dp_replicate > 1, fsdp
 when dp_shard > 1, hsdp when both. The trainer runs the data-parallel axes and tp (with FSDP or
-HSDP, or alone: torch's DDP takes no DTensor parameters); pp, cp and ep above 1 are refused when
-it starts, until their modules are integrated. The DeviceMesh's axes are in MESH_ORDER: pp
-outermost, tp innermost (a tp group is consecutive ranks, inside a node), as torchtitan's.
+HSDP, or alone: torch's DDP takes no DTensor parameters) and pp (lmforge.trainer.pipeline_training);
+cp and ep above 1 are refused when it starts, until their modules are integrated. The DeviceMesh's
+axes are in MESH_ORDER: pp outermost, tp innermost (a tp group is consecutive ranks, inside a node), as torchtitan's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ WORLD_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")  # their product is 
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # the DeviceMesh's dimensions, outermost first
 FILL = -1
 NOT_YET = {
-    "pp": "pipeline parallelism",
     "cp": "context parallelism",
     "ep": "expert parallelism",
 }
