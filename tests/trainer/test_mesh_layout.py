@@ -1,7 +1,7 @@
 """The `parallel:` mesh axes (dp_replicate, dp_shard, tp, pp, cp, ep; -1 = the rest of the world
 size): resolved against the world size, `mode` and `replicate_degree` meaning what they meant
-before, bad layouts refused naming the axis and the world size, and the axes the trainer does not
-run yet (pp; tp, cp and ep run) refused when it starts (exit 2, one line) rather than ignored."""
+before, bad layouts refused naming the axis and the world size, and combinations the trainer does
+not run (tp or cp under DDP) refused when it starts (exit 2, one line) rather than ignored."""
 
 from __future__ import annotations
 
@@ -104,21 +104,6 @@ def test_bad_axes_are_refused_when_the_config_loads():
     )
     assert "pp_microbatches is for a pipeline (pp > 1)" in refused_at_load("parallel.pp_microbatches=8")
     assert "parallel.ep" in refused_at_load("parallel.ep=-1")
-
-
-@pytest.mark.parametrize(
-    ("parallel", "world_size", "axis"),
-    [
-        ({"pp": 2, "pp_microbatches": 2}, 1, "pp=2 (world size 1): pipeline"),  # said before the product would be
-        ({"dp_shard": -1, "pp": 2, "pp_microbatches": 4}, 4, "pp=2 (world size 4): pipeline parallelism"),
-    ],
-)
-def test_axes_the_trainer_does_not_run_yet_are_refused_not_ignored(parallel, world_size, axis):
-    section = ParallelSection(**parallel)
-    with pytest.raises(ConfigError) as refused:
-        trainer_layout(section, world_size)
-    assert f"parallel.{axis}" in str(refused.value) and "is not in the trainer yet" in str(refused.value)
-    assert "\n" not in str(refused.value)
 
 
 def test_the_trainer_refuses_context_parallelism_under_ddp_at_start_with_exit_2(tmp_path, monkeypatch, capsys):

@@ -72,16 +72,18 @@ class ParallelSection(StrictModel):
                                      "dp_replicate x dp_shard x tp x pp x cp = the world size; one of them may "
                                      "be -1: the rest of it")
     dp_shard: MeshDegree = Field(1, description="ranks the parameters are sharded over (FSDP); -1: the rest")
-    tp: MeshDegree = Field(1, description="tensor-parallel ranks, inside a node; -1: the rest (issue 18: refused "
-                           "above 1 today)")
-    pp: MeshDegree = Field(1, description="pipeline stages, across nodes; -1: the rest (issue 18: refused above 1 "
-                           "today)")
+    tp: MeshDegree = Field(1, description="tensor-parallel ranks, inside a node; -1: the rest")
+    pp: MeshDegree = Field(1, description="pipeline stages, across nodes; -1: the rest")
     cp: MeshDegree = Field(1, description="context-parallel ranks, each holding 2 of 2·cp chunks of every "
                            "sequence (data.seq_len divisible by 2·cp; FSDP shards over dp_shard x cp); -1: the rest")
     ep: int = Field(1, ge=1, description="expert-parallel ranks for the MoE option's experts, borrowed from "
                     "dp_shard (it must divide dp_shard and num_experts)")
     pp_microbatches: int | None = Field(None, ge=1, description="pipeline micro-batches per step, each "
-                                        "data.batch_size sequences (pp > 1 only; issue 18)")
+                                        "data.batch_size sequences (pp > 1 only; default: pp)")
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        "1f1b", description="the pipeline schedule (pp > 1); interleaved_1f1b needs pp_virtual_stages >= 2")
+    pp_virtual_stages: int = Field(1, ge=1, description="model chunks per pipeline rank (interleaved_1f1b: 2 or "
+                                   "more); n_layer must divide into pp x pp_virtual_stages")
     reshard_after_forward: bool = Field(True, description="False = shard-grad-op (ZeRO-2-like)")
     replicate_degree: int = Field(1, ge=1, description="hsdp: replica groups (the mesh is replicate x shard); "
                                   "the same axis as dp_replicate")

@@ -8,10 +8,10 @@ them and adds none. `mode`, the older form, names the data-parallel wrapper and 
 ddp fills dp_replicate, fsdp dp_shard, hsdp dp_shard with dp_replicate = replicate_degree (the
 same axis). Without `mode` the wrapper follows the degrees: ddp when only dp_replicate > 1, fsdp
 when dp_shard > 1, hsdp when both; cp > 1 counts as dp_shard's (FSDP shards over dp_shard × cp).
-The trainer runs the data-parallel axes, tp (with FSDP or HSDP, or alone: torch's DDP takes no
-DTensor parameters), cp (under FSDP or HSDP) and ep; pp above 1 is refused when it starts, until
-its module is integrated. The DeviceMesh's axes are in MESH_ORDER: pp
-outermost, tp innermost (a tp group is consecutive ranks, inside a node), as torchtitan's.
+The trainer runs every axis: tp with FSDP or HSDP or alone (torch's DDP takes no DTensor
+parameters), cp under FSDP or HSDP, pp (lmforge.trainer.pipeline_training) without DDP, and ep
+for the MoE option. The DeviceMesh's axes are in MESH_ORDER: pp outermost, tp innermost (a tp
+group is consecutive ranks, inside a node), as torchtitan's.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ MESH_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 WORLD_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")  # their product is the world size
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # the DeviceMesh's dimensions, outermost first
 FILL = -1
-NOT_YET = {
-    "pp": "pipeline parallelism",
-}
 MODE_FILLS = {"ddp": "dp_replicate", "fsdp": "dp_shard", "hsdp": "dp_shard"}  # the axis each mode fills
 
 
@@ -117,10 +114,8 @@ def resolve_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
 
 
 def trainer_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
-    """The layout the trainer runs: resolved, and refused (one line) for an axis it does not run yet."""
-    _refuse_unbuilt(_requested(parallel)[0], world_size)  # before the product: tp=2 on one process says tp
+    """The layout the trainer runs: resolved, and refused (one line) for a combination it does not run."""
     layout = resolve_layout(parallel, world_size)
-    _refuse_unbuilt(layout.axes(), world_size)
     if layout.cp > 1 and layout.mode in ("none", "ddp"):
         raise ConfigError(
             f"parallel.cp={layout.cp} with parallel.mode {layout.mode} (world size {world_size}): context "
@@ -158,15 +153,6 @@ def _requested(parallel: ParallelSection) -> tuple[dict[str, int], list[str]]:
                 "without mode, or a mode that has it"
             )
     return degrees, problems
-
-
-def _refuse_unbuilt(degrees: Mapping[str, int], world_size: int) -> None:
-    for axis, name in NOT_YET.items():
-        if degrees[axis] > 1:
-            raise ConfigError(
-                f"parallel.{axis}={degrees[axis]} (world size {world_size}): {name} is not in the "
-                "trainer yet; it runs the data-parallel axes (dp_replicate, dp_shard) and tp"
-            )
 
 
 def _product(degrees: Mapping[str, int], fill: str | None, parallel: ParallelSection) -> str:

@@ -38,12 +38,13 @@ class Dist:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel ranks: each reads its own batches (the tp ranks of one group read the same)."""
+        """Data-parallel ranks: each reads its own batches (the tp and pp ranks of one group read the same)."""
         return self.layout.dp_replicate * self.layout.dp_shard
 
     @property
     def dp_rank(self) -> int:
-        """This rank's data-parallel index: its coordinate on dp_replicate × dp_shard (MESH_ORDER)."""
+        """This rank's data-parallel index: its coordinate on dp_replicate × dp_shard (MESH_ORDER; pp, the
+        outermost axis, drops out of the modulo, so the stages of one pipeline read the same batches)."""
         inner = self.layout.cp * self.layout.tp
         return (self.rank // inner) % self.dp_size
 
@@ -106,8 +107,8 @@ def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) ->
     if parallel.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-        for index, block in enumerate(model.blocks):
-            model.blocks[index] = checkpoint_wrapper(block)
+        for name, block in list(model.blocks.named_children()):  # a GPT's list or a pipeline chunk's dict
+            model.blocks.register_module(name, checkpoint_wrapper(block))
     if ctx.layout.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -137,7 +138,7 @@ def _fully_shard(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -
         kwargs["mp_policy"] = policy
     if ctx.experts is not None:  # sharded over ep instead; their gradients are reduced by the trainer's step
         kwargs["ignored_params"] = set(expert_parameters(model))
-    for block in model.blocks:
+    for block in model.blocks.children():
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return model

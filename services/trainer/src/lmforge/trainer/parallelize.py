@@ -64,7 +64,9 @@ def replicated_value(loss: torch.Tensor) -> torch.Tensor:
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
-    """Shards the model's parameters over `tp_mesh` in place (DTensors), with sequence parallelism."""
+    """Shards the model's parameters over `tp_mesh` in place (DTensors), with sequence parallelism.
+    `model` may be a pipeline chunk: the embedding, final norm and head only where it holds them,
+    its hidden states handed on as sequence shards."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -73,19 +75,21 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
         parallelize_module,
     )
 
-    tied = model.lm_head.weight is model.wte.weight
+    tied = model.lm_head is not None and model.wte is not None and model.lm_head.weight is model.wte.weight
     top = {
         "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        # learned positions (T, C), or (B, T, C) under cp: the same sequence shard as the tokens'
+        "wpe": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-2)),
         "ln_f": SequenceParallel(),
         # the logits stay sharded by vocabulary: loss_context's cross-entropy never gathers them
         "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
     }
-    if model.wpe is not None:  # learned positions (T, C), or (B, T, C) under cp: the tokens' sequence shard
-        top["wpe"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-2))
-    parallelize_module(model, tp_mesh, top)
+    top = {name: style for name, style in top.items() if getattr(model, name) is not None}
+    if top:
+        parallelize_module(model, tp_mesh, top)
     if tied:  # the head and the embedding are one (vocab, C) tensor, both sharded by vocabulary rows
         model.lm_head.weight = model.wte.weight
-    for block in model.blocks:
+    for block in model.blocks.children():  # a GPT's list or a pipeline chunk's dict
         mlp: nn.Module = block.mlp
         columns = ("gate", "up") if hasattr(mlp, "gate") else ("fc",)
         plan = {

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor
 
 from lmforge.common.errors import ConfigError
 from lmforge.common.model import GPT, GPTConfig
@@ -207,6 +208,8 @@ def _run_schedule(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tenso
     run(*([inputs] if first else []), target=targets if pipeline.has_last_stage else None, losses=losses,
         return_outputs=False)
     if pipeline.has_last_stage:
+        # (under tensor parallelism each is a replicated DTensor: loss_parallel's cross-entropy)
+        losses = [loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]
         loss = torch.stack([loss.detach() for loss in losses]).sum() * pipeline.grad_accum
     else:
         loss = torch.zeros((), device=targets.device)

@@ -38,6 +38,13 @@ from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_
 from lmforge.trainer.optim import build_optimizer, learning_rate
 from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
 from lmforge.trainer.parallelize import loss_context, replicated_value, tensor_parallel_problems
+from lmforge.trainer.pipeline import bubble_fraction
+from lmforge.trainer.pipeline_training import (
+    PipelineModel,
+    build_pipeline_model,
+    pipeline_microbatches,
+    refuse_unrunnable_pipeline,
+)
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
 from lmforge.trainer.run_log import RunLog
@@ -98,15 +105,19 @@ def evaluate(model, sampler: MixtureSampler, config: TrainConfig, ctx: Dist) -> 
     """Mean loss over the same eval_batches val batches every time (all ranks)."""
     model.eval()
     total = torch.zeros((), device=ctx.device)
+    batch_size = config.data.batch_size * pipeline_microbatches(config.parallel, ctx.layout)
     for index in range(config.eval_batches):
-        tokens, _ = sampler.batch(index, ctx.dp_rank, ctx.dp_size, config.data.batch_size)
+        tokens, _ = sampler.batch(index, ctx.dp_rank, ctx.dp_size, batch_size)
         batch = torch.from_numpy(tokens).to(ctx.device)
         with autocast_context(config.parallel, ctx), loss_context(ctx.layout.tp):
-            if ctx.cp_group is not None:  # this rank's shard of the sequences; the cp group's mean loss
+            if isinstance(model, PipelineModel):
+                loss = model.eval_loss(batch)
+            elif ctx.cp_group is not None:  # this rank's shard of the sequences; the cp group's mean loss
                 _, _, loss = context_parallel_forward(model, batch[:, :-1], batch[:, 1:], ctx.cp_group)
+                loss = replicated_value(loss)
             else:
                 _, loss = model(batch[:, :-1], batch[:, 1:])
-            loss = replicated_value(loss)
+                loss = replicated_value(loss)
         total += loss.float() / config.eval_batches
     model.train()
     return all_reduce_mean(total, ctx).item()
@@ -154,6 +165,8 @@ def refuse_unsplittable_model(config: TrainConfig) -> None:
                      *expert_parallel_problems(model_config, layout)]
     if problems:
         raise ConfigError(problems[0])
+    if model_config is not None:
+        refuse_unrunnable_pipeline(model_config, config.parallel, layout)
 
 
 class Trainer:
@@ -168,9 +181,15 @@ class Trainer:
             model_config, self.initial_state = initial_weights(config.model, source.vocab_size, source.tokenizer_sha256)
         else:
             model_config = config.model.build(vocab_size=source.vocab_size)
+        self.microbatches = pipeline_microbatches(config.parallel, ctx.layout)  # 1 without a pipeline
+        self.pipeline_bubble = (
+            {"pipeline_bubble": bubble_fraction(ctx.layout.pp, self.microbatches, config.parallel.pp_virtual_stages)}
+            if ctx.layout.pp > 1 else {}
+        )
         self.model, self.optimizer = self._build_model(model_config)
 
-        self.tokens_per_step = config.data.batch_size * config.data.seq_len * config.grad_accum * ctx.dp_size
+        self.tokens_per_step = (config.data.batch_size * self.microbatches * config.data.seq_len * config.grad_accum
+                                * ctx.dp_size)
         self.flops_per_step = flops_per_token(model_config, config.data.seq_len) * self.tokens_per_step
         self.peak_flops = device_peak_flops(ctx.device, config.metrics.peak_flops)
 
@@ -212,7 +231,10 @@ class Trainer:
         n_params = model.num_params()
         # An MoE's token uses top_k of the E experts: its active parameters, beside the total.
         active = {"active_params": parameter_counts(model_config)[1]} if model_config.moe is not None else {}
-        model = parallelize(model, self.config.parallel, ctx)
+        if ctx.layout.pp > 1:  # split first, then the other axes per chunk (torchtitan's order)
+            model = build_pipeline_model(model, self.config.parallel, ctx, self.config.grad_accum)
+        else:
+            model = parallelize(model, self.config.parallel, ctx)
         optimizer = build_optimizer(model, self.config.optim, fused=ctx.device.type == "cuda")
         self.run.log.info(
             "train_start",
@@ -221,6 +243,7 @@ class Trainer:
             world_size=ctx.world_size,
             mode=ctx.layout.mode,
             mesh=ctx.layout.axes(),
+            **self.pipeline_bubble,
             device=str(ctx.device),
             model=model_config.model_dump(),
         )
@@ -272,7 +295,7 @@ class Trainer:
         def batch_fn(index: int):
             if delay:
                 time.sleep(delay)
-            return self.sampler.batch(index, ctx.dp_rank, ctx.dp_size, config.data.batch_size)
+            return self.sampler.batch(index, ctx.dp_rank, ctx.dp_size, config.data.batch_size * self.microbatches)
 
         indices = range(self.first_step * config.grad_accum, config.steps * config.grad_accum)
         return Prefetcher(batch_fn, indices, depth=config.data.prefetch, pin_memory=ctx.device.type == "cuda")
@@ -291,6 +314,8 @@ class Trainer:
             step_loss += self.forward_backward(batch, last=micro == self.config.grad_accum - 1)
         if self.ctx.experts is not None:  # the expert gradients are reduced here, not by FSDP
             norm = clip_gradients_expert_parallel(self.model, self.ctx.experts, self.config.optim.grad_clip)
+        elif isinstance(self.model, PipelineModel):  # the norm over every stage's parameters
+            norm = self.model.clip_grad_norm(self.config.optim.grad_clip)
         else:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
         if hasattr(norm, "full_tensor"):  # a DTensor under FSDP: each rank holds its shards' part
@@ -317,7 +342,11 @@ class Trainer:
 
     def forward_backward(self, batch: torch.Tensor, *, last: bool) -> torch.Tensor:
         """One micro-batch's gradients, accumulated; returns its loss share (loss / grad_accum, detached).
-        Under DDP the gradients are all-reduced on the step's last micro-batch only."""
+        Under DDP the gradients are all-reduced on the step's last micro-batch only; a pipeline runs
+        its schedule over the batch's pipeline micro-batches."""
+        if isinstance(self.model, PipelineModel):
+            with autocast_context(self.config.parallel, self.ctx), loss_context(self.ctx.layout.tp):
+                return self.model.train_step(batch) / self.config.grad_accum
         sync = nullcontext() if last or self.ctx.layout.mode != "ddp" else self.model.no_sync()
         with sync, autocast_context(self.config.parallel, self.ctx), loss_context(self.ctx.layout.tp):
             if self.ctx.cp_group is not None:
@@ -363,6 +392,7 @@ class Trainer:
             "tokens_per_second": self.tokens_per_step / step_seconds,
             "flops_per_second": flops_per_second,
             "mfu": flops_per_second / ctx.world_size / self.peak_flops if self.peak_flops else None,
+            **self.pipeline_bubble,
             **moe_means,
             "peak_memory_bytes": ranks[0]["peak_memory_bytes"],
             "mixture": {s.name: c / max(sum(totals), 1) for s, c in zip(sources, totals, strict=True)},
