@@ -30,6 +30,7 @@ from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_lates
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
 from lmforge.trainer.data_sync import sync_sources
+from lmforge.trainer.float8 import precompute_float8_scales, refuse_unsupported_float8
 from lmforge.trainer.init_from import initial_weights, load_initial_state
 from lmforge.trainer.mesh_layout import trainer_layout
 from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_bytes
@@ -38,6 +39,7 @@ from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, in
 from lmforge.trainer.parallelize import loss_context, replicated_value, tensor_parallel_problems
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
+from lmforge.trainer.profiling import StepProfiler
 from lmforge.trainer.run_log import RunLog
 
 # What the prefetcher yields: (batch index, tokens, where each sequence came from, seconds waited).
@@ -120,6 +122,7 @@ def gather_rank_figures(figures: list[float], ctx: Dist) -> list[list[float]]:
 def train(config: TrainConfig) -> list[float]:
     """Train for config.steps; returns the per-step (all-rank mean) losses of this process's steps."""
     refuse_unsplittable_model(config)
+    refuse_unsupported_float8(config)
     ctx = init_distributed(config.device, config.parallel)
     try:
         if config.preflight.enabled:
@@ -134,7 +137,7 @@ def train(config: TrainConfig) -> list[float]:
         finally:
             run.close(failed)
     finally:
-        if ctx.world_size > 1 and dist.is_initialized():
+        if (ctx.world_size > 1 or ctx.mesh is not None) and dist.is_initialized():
             dist.destroy_process_group()
 
 
@@ -187,6 +190,7 @@ class Trainer:
         self.mixture: Counter[int] = Counter()  # sequences drawn per source, this attempt
         self.nonfinite_in_a_row = 0
         self.memory_logged = False
+        self.profiler = StepProfiler(config.profile, config.run_dir, ctx.rank, ctx.world_size, ctx.device, run.record)
 
     def _build_model(self, model_config: GPTConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         ctx = self.ctx
@@ -203,7 +207,7 @@ class Trainer:
         n_params = model.num_params()
         # An MoE's token uses top_k of the E experts: its active parameters, beside the total.
         active = {"active_params": parameter_counts(model_config)[1]} if model_config.moe is not None else {}
-        model = parallelize(model, self.config.parallel, ctx)
+        model = parallelize(model, self.config.parallel, ctx, float8=self.config.float8)
         optimizer = build_optimizer(model, self.config.optim, fused=ctx.device.type == "cuda")
         self.run.log.info(
             "train_start",
@@ -240,7 +244,8 @@ class Trainer:
             for step in range(self.first_step, config.steps):
                 faults.maybe_inject(step, self.ctx.rank)
                 started = time.perf_counter()
-                result = self.train_step(step, batches)
+                with self.profiler.step(step):
+                    result = self.train_step(step, batches)
                 if result is None:  # skipped: no log, eval or checkpoint for this step
                     continue
                 step_seconds = time.perf_counter() - started
@@ -290,6 +295,7 @@ class Trainer:
             return None
         self.nonfinite_in_a_row = 0
         self.optimizer.step()
+        precompute_float8_scales(self.model, self.config.float8, self.ctx.layout.mode)
         update_router_biases(self.model)  # MoE with balancing=bias: this step's expert loads, summed over ranks
         if not self.memory_logged:  # the optimizer state exists from the first step on
             self.run.record("memory", {"step": step, "rank": self.ctx.rank, **state_bytes(self.model, self.optimizer)})
