@@ -11,7 +11,11 @@ between its step records, so logging and checkpoint polling count). Target: over
 --suite gpu (one or more CUDA devices): the trainer's own step records (tokens/s, MFU from
 the datasheet peak), sequence 1024, FSDP, torch.compile, for the GPT-style 350m (bf16 vs fp32,
 then 1 vs N GPUs for the same global batch) and the Llama-style llama-350m and llama-1b (bf16),
-each bf16 run beside what `lmforge-train plan` predicts for it.
+each bf16 run beside what `lmforge-train plan` predicts for it; for llama-1b (--float8-preset)
+also Float8 (torchao, tensorwise; goal >= 1.3x bf16's tokens/s, the ratio is printed) and
+activation checkpointing on (against the bf16 row's off). `--device cpu` runs the same suite on
+CPU (gloo; e.g. --preset llama-debug --seq-len 32 --batch 4 --gpu-steps 6 --no-compile: a check
+of the code path, not a figure); `--dry-run` lists the runs' commands without running them.
 
 Results: bench/out/train-throughput-<suite>.json and a Markdown table.
 """
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,21 +114,38 @@ def overhead_suite(args) -> dict:
             "overhead_ratio": trainer / bare - 1}
 
 
-def gpu_run(data: Path, run_dir: Path, args, *, preset: str, nproc: int, mixed_precision: bool,
-            batch: int) -> dict:
+class GpuRun(NamedTuple):
+    nproc: int
+    bf16: bool
+    batch: int
+    float8: str | None = None  # torchao's recipe
+    activation_checkpointing: bool = False
+
+
+def gpu_command(data: Path, run_dir: Path, args, *, preset: str, run: GpuRun) -> list[str]:
+    nproc, mixed_precision, batch = run.nproc, run.bf16, run.batch
     overrides = [f"data.sources=[{{path: {data}}}]", f"data.seq_len={args.seq_len}", f"data.batch_size={batch}",
                  f"model.preset={preset}", f"model.overrides={{context_length: {args.seq_len}}}",
                  "parallel.mode=fsdp", f"parallel.compile={str(args.compile).lower()}",
                  f"parallel.mixed_precision={str(mixed_precision).lower()}", f"steps={args.gpu_steps}",
-                 "device=cuda", f"run_dir={run_dir}", "checkpoint.resume=false", "checkpoint.every=0"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "lmforge.trainer", *overrides]
+                 f"device={args.device}", f"run_dir={run_dir}", "checkpoint.resume=false", "checkpoint.every=0"]
+    if run.float8:
+        overrides += ["float8.enabled=true", f"float8.recipe={run.float8}"]
+    if run.activation_checkpointing:
+        overrides.append("parallel.activation_checkpointing=true")
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "lmforge.trainer", *overrides]
+
+
+def gpu_run(data: Path, run_dir: Path, args, *, preset: str, run: GpuRun) -> dict:
+    command = gpu_command(data, run_dir, args, preset=preset, run=run)
     result = subprocess.run(command, capture_output=True, text=True, env=os.environ)
     if result.returncode:
         raise SystemExit(f"gpu run failed:\n{result.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"][args.gpu_steps // 3 :]  # past compile and warm-up
-    return {"nproc": nproc, "bf16": mixed_precision, "per_rank_batch": batch,
+    return {"nproc": run.nproc, "bf16": run.bf16, "per_rank_batch": run.batch, "float8": run.float8,
+            "activation_checkpointing": run.activation_checkpointing,
             "tokens_per_second": statistics.median(r["tokens_per_second"] for r in steps),
             "mfu": statistics.median(r["mfu"] for r in steps) if steps[0]["mfu"] is not None else None,
             "step_seconds": statistics.median(r["step_seconds"] for r in steps),
@@ -148,38 +170,71 @@ def planner_prediction(preset: str, args, device_name: str) -> dict | None:
     return {"gpu": gpu, "mfu": step["mfu"], "mfu_range": step["mfu_range"], "step_seconds": step["step_seconds"]}
 
 
+def gpu_runs(args, gpus: int) -> list[tuple[str, GpuRun]]:
+    """Per preset: bf16 on 1 GPU; for the first preset also fp32, and N GPUs for the same global batch
+    when there are several; for the float8 preset also Float8 (tensorwise) and activation checkpointing."""
+    runs = []
+    for index, preset in enumerate(args.preset.split(",")):
+        runs.append((preset, GpuRun(1, True, args.batch)))
+        if index == 0:
+            runs.append((preset, GpuRun(1, False, args.batch)))
+            if gpus > 1 and args.batch % gpus == 0:
+                runs.append((preset, GpuRun(gpus, True, args.batch // gpus)))
+        if preset == args.float8_preset:
+            runs.append((preset, GpuRun(1, True, args.batch, float8="tensorwise")))
+            runs.append((preset, GpuRun(1, True, args.batch, activation_checkpointing=True)))
+    return runs
+
+
+def run_name(preset: str, run: GpuRun) -> str:
+    return f"{preset}-{run.nproc}-{run.bf16}-{run.float8 or 'bf16'}-{'ac' if run.activation_checkpointing else 'noac'}"
+
+
 def gpu_suite(args) -> dict:
-    """Per preset: bf16 on 1 GPU beside the planner's prediction; for the first preset also fp32,
-    and N GPUs for the same global batch when there are several."""
+    """Each of gpu_runs' runs, the 1-GPU bf16 ones beside the planner's prediction; then Float8's and
+    activation checkpointing's tokens/s against the same preset's plain bf16 row."""
     import torch
 
     from lmforge.common.model import GPTConfig
     from lmforge.sample_data.token_shards import synthetic_output
 
-    gpus = torch.cuda.device_count()
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 1
     if not gpus:
-        raise SystemExit("--suite gpu needs a CUDA device")
-    device_name = torch.cuda.get_device_name(0)
-    rows = []
+        raise SystemExit("--suite gpu needs a CUDA device (or --device cpu for a check of the code path)")
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.machine()})"
+    rows, datasets = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for index, preset in enumerate(args.preset.split(",")):
+        for preset, run in gpu_runs(args, gpus):
             vocab = GPTConfig.preset(preset).vocab_size  # the data's tokens must fit the model's vocabulary
-            data = synthetic_output(Path(tmp) / f"data-{vocab}", vocab_size=vocab, train_tokens=20_000_000)
-            runs = [(1, True, args.batch)]
-            if index == 0:
-                runs.append((1, False, args.batch))
-                if gpus > 1 and args.batch % gpus == 0:
-                    runs.append((gpus, True, args.batch // gpus))
-            for nproc, bf16, batch in runs:
-                row = gpu_run(data, Path(tmp) / f"{preset}-{nproc}-{bf16}", args, preset=preset, nproc=nproc,
-                              mixed_precision=bf16, batch=batch)
-                row["preset"] = preset
-                if nproc == 1 and bf16:
-                    row["planner"] = planner_prediction(preset, args, device_name)
-                rows.append(row)
-                print(json.dumps(rows[-1]), flush=True)
+            if vocab not in datasets:
+                datasets[vocab] = synthetic_output(Path(tmp) / f"data-{vocab}", vocab_size=vocab,
+                                                   train_tokens=20_000_000)
+            data = datasets[vocab]
+            row = gpu_run(data, Path(tmp) / run_name(preset, run), args, preset=preset, run=run)
+            row["preset"] = preset
+            if run == GpuRun(1, True, args.batch):
+                row["planner"] = planner_prediction(preset, args, device_name)
+            rows.append(row)
+            print(json.dumps(rows[-1]), flush=True)
     return {"suite": "gpu", "device": device_name, "gpus": gpus, "presets": args.preset,
-            "seq_len": args.seq_len, "global_batch": args.batch, "compile": args.compile, "rows": rows}
+            "seq_len": args.seq_len, "global_batch": args.batch, "compile": args.compile, "rows": rows,
+            "against_bf16": against_bf16(rows, args.float8_preset)}
+
+
+def against_bf16(rows: list[dict], preset: str) -> dict:
+    """tokens/s and peak memory of the float8 preset's Float8 and activation-checkpointing rows over its
+    plain bf16 row (absent when the suite did not run that preset)."""
+    by = {(r["float8"], r["activation_checkpointing"]): r for r in rows
+          if r["preset"] == preset and r["nproc"] == 1 and r["bf16"]}
+    base = by.get((None, False))
+    if base is None:
+        return {}
+    out = {}
+    for name, key in (("float8_tensorwise", ("tensorwise", False)), ("activation_checkpointing", (None, True))):
+        if key in by:
+            out[name] = {"tokens_per_second_ratio": by[key]["tokens_per_second"] / base["tokens_per_second"],
+                         "peak_memory_ratio": by[key]["peak_memory_bytes"] / base["peak_memory_bytes"]}
+    return {"preset": preset, **out}
 
 
 def main() -> None:
@@ -195,28 +250,48 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--gpu-steps", type=int, default=60)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--float8-preset", default="llama-1b", help="gpu: the preset that also runs with Float8 "
+                        "(tensorwise) and with activation checkpointing")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="gpu suite: cpu checks the code "
+                        "path on a machine without a GPU (no figure)")
+    parser.add_argument("--dry-run", action="store_true", help="gpu: list the runs' commands, run nothing")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"))
     args = parser.parse_args()
     gpu = args.suite == "gpu"
     args.preset = args.preset or ("350m,llama-350m,llama-1b" if gpu else "tiny")
     args.seq_len = args.seq_len or (1024 if gpu else 256)
     args.batch = args.batch or (16 if gpu else 8)
+    if gpu and args.dry_run:
+        for preset, run in gpu_runs(args, gpus=max(1, int(os.environ.get("BENCH_GPUS", "1")))):
+            out = Path("DATA") / run_name(preset, run)
+            print(" ".join(gpu_command(Path("DATA"), out, args, preset=preset, run=run)[1:]))
+        return
     result = gpu_suite(args) if gpu else overhead_suite(args)
     result["machine"] = f"{platform.machine()} {os.cpu_count()} CPUs"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"train-throughput-{args.suite}.json").write_text(json.dumps(result, indent=1))
     if gpu:
-        print("| preset | GPUs | bf16 | per-rank batch | tokens/s | MFU | planner MFU | step s | peak GiB |\n"
-              "|---|---|---|---|---|---|---|---|---|")
+        print(f"Device: {result['device']}\n\n"
+              "| preset | GPUs | bf16 | float8 | act. ckpt | per-rank batch | tokens/s | MFU | planner MFU | step s "
+              "| peak GiB |\n|---|---|---|---|---|---|---|---|---|---|---|")
         for r in result["rows"]:
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
             plan = r.get("planner") or {}
             predicted = (f"{plan['mfu']:.0%} ({plan['mfu_range'][0]:.0%}–{plan['mfu_range'][1]:.0%})"
                          if "mfu" in plan else "")
-            print(f"| {r['preset']} | {r['nproc']} | {r['bf16']} | {r['per_rank_batch']} | "
+            print(f"| {r['preset']} | {r['nproc']} | {r['bf16']} | {r['float8'] or 'no'} | "
+                  f"{'on' if r['activation_checkpointing'] else 'off'} | {r['per_rank_batch']} | "
                   f"{r['tokens_per_second']:.0f} | {mfu} | {predicted} | {r['step_seconds']:.3f} | "
                   f"{r['peak_memory_bytes'] / 2**30:.1f} |")
+        versus = result["against_bf16"]
+        if "float8_tensorwise" in versus:
+            print(f"\nFloat8 (tensorwise) / bf16 tokens/s at {versus['preset']}: "
+                  f"{versus['float8_tensorwise']['tokens_per_second_ratio']:.2f}x (goal >= 1.3x)")
+        if "activation_checkpointing" in versus:
+            ac = versus["activation_checkpointing"]
+            print(f"Activation checkpointing on / off at {versus['preset']}: tokens/s "
+                  f"{ac['tokens_per_second_ratio']:.2f}x, peak memory {ac['peak_memory_ratio']:.2f}x")
     else:
         print(f"| loop | s/step | tokens/s |\n|---|---|---|\n"
               f"| bare | {result['bare_seconds_per_step']:.4f} | {result['bare_tokens_per_second']:.0f} |\n"

@@ -131,6 +131,42 @@ class TrackingSection(StrictModel):
     run_name: str | None = Field(None, description="default: the run directory's name")
 
 
+class Float8Section(StrictModel):
+    """torchao's float8 training (torchao.float8, as torchtitan's `float8` converter applies it)."""
+
+    enabled: bool = Field(False, description="convert the blocks' Linear layers to torchao Float8Linear "
+                          "(convert_to_float8_training) before TP/FSDP; the output head and any Linear whose "
+                          "dimensions are not multiples of 16 stay in bf16. Needs CUDA compute capability >= 8.9 "
+                          "(H100, H200, L4, L40S, …; refused at start on older GPUs); also runs on CPU")
+    recipe: Literal["tensorwise", "rowwise"] = Field("tensorwise", description="torchao's scaling recipe "
+                                                     "(Float8LinearConfig.from_recipe_name): one scale per tensor "
+                                                     "(fastest) or per row (more accurate; torchtitan's "
+                                                     "`recipe_name`)")
+    fsdp_float8_all_gather: bool = Field(True, description="tensorwise + FSDP/HSDP: all-gather the sharded "
+                                         "weights in float8 (half bf16's bytes) and precompute their scales "
+                                         "after each optimizer step (torchtitan's "
+                                         "enable_fsdp_float8_all_gather, precompute_float8_dynamic_scale_for_fsdp)")
+
+
+class ProfileSection(StrictModel):
+    """torch.profiler traces of chosen steps (lmforge.trainer.profiling)."""
+
+    steps: list[int] = Field(default_factory=list, description="steps to profile; each "
+                                                     "rank writes DIR/step-NNNNN/rank-R.pt.trace.json (Chrome "
+                                                     "trace: Perfetto, chrome://tracing, TensorBoard's profiler "
+                                                     "plugin with --logdir DIR) and rank 0 a metrics.jsonl "
+                                                     "'profile' record: time per kind of collective, exposed "
+                                                     "communication")
+    dir: str = Field("profile", description="the traces' directory, relative to run_dir")
+    record_shapes: bool = Field(False, description="record operator input shapes (larger traces)")
+
+    @model_validator(mode="after")
+    def _steps(self) -> ProfileSection:
+        if any(step < 0 for step in self.steps):
+            raise ValueError(f"profile.steps are step numbers (0 or more): {self.steps}")
+        return self
+
+
 class TrainConfig(StrictModel):
     model: ModelSection = Field(default_factory=ModelSection)
     data: DataSection
@@ -140,6 +176,8 @@ class TrainConfig(StrictModel):
     preflight: PreflightSection = Field(default_factory=PreflightSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+    float8: Float8Section = Field(default_factory=Float8Section)
+    profile: ProfileSection = Field(default_factory=ProfileSection)
     steps: int = Field(100, ge=1)
     grad_accum: int = Field(1, ge=1)
     seed: int = 1234

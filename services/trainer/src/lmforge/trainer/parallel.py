@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from lmforge.trainer.config import ParallelSection
+from lmforge.trainer.config import Float8Section, ParallelSection
 from lmforge.trainer.context_parallel import apply_context_parallel
 from lmforge.trainer.expert_parallel import apply_expert_parallel, expert_parameters
 from lmforge.trainer.expert_parallel_layout import ExpertParallelGroups, build_expert_parallel_groups
+from lmforge.trainer.float8 import apply_float8
 from lmforge.trainer.mesh_layout import MESH_ORDER, MeshLayout, trainer_layout
 from lmforge.trainer.parallelize import apply_tensor_parallel
 
@@ -63,11 +64,13 @@ def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    if layout.world_size == 1:
+    if layout.world_size == 1 and layout.mode not in ("fsdp", "hsdp"):
         return Dist(0, 1, 0, device, None, layout)
     if not dist.is_initialized():
+        # FSDP on one device (make bench-gpu's runs) still needs a process group: a one-rank one, in-process.
+        store = _attempt_store(rank, world_size) if world_size > 1 else dist.HashStore()
         # On GPU the timeout is also the NCCL watchdog's: a hung peer ends the job instead of stalling it.
-        dist.init_process_group("nccl" if use_cuda else "gloo", store=_attempt_store(rank, world_size),
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=store,
                                 rank=rank, world_size=world_size, timeout=timedelta(seconds=parallel.timeout_seconds))
     mesh = build_mesh(layout, device)
     return Dist(rank, world_size, local_rank, device, mesh, layout, build_expert_parallel_groups(mesh, layout))
@@ -95,9 +98,12 @@ def _attempt_store(rank: int, world_size: int) -> dist.Store:
     return dist.PrefixStore(f"lmforge/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -> torch.nn.Module:
-    """Context parallelism, tensor + sequence parallelism, expert parallelism, activation checkpointing,
-    the data-parallel wrapper, compile (torchtitan's order)."""
+def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist,
+                float8: Float8Section | None = None) -> torch.nn.Module:
+    """Float8 Linear layers, context parallelism, tensor + sequence parallelism, expert parallelism,
+    activation checkpointing, the data-parallel wrapper, compile (torchtitan's order)."""
+    if float8 is not None and float8.enabled:
+        apply_float8(model, float8, ctx.layout.mode)
     if ctx.layout.cp > 1:
         apply_context_parallel(model, ctx.cp_group)
     if ctx.layout.tp > 1:

@@ -32,7 +32,7 @@ from lmforge.trainer.pipeline import (
 )
 
 if TYPE_CHECKING:
-    from lmforge.trainer.config import ParallelSection
+    from lmforge.trainer.config import Float8Section, ParallelSection
     from lmforge.trainer.mesh_layout import MeshLayout
     from lmforge.trainer.parallel import Dist
 
@@ -91,13 +91,14 @@ class PipelineModel(nn.Module):
         return clip_grad_norm_pipeline(self.parameters(), max_norm, self.pipeline.group)
 
 
-def build_pipeline_model(model: GPT, parallel: ParallelSection, ctx: Dist, grad_accum: int) -> PipelineModel:
+def build_pipeline_model(model: GPT, parallel: ParallelSection, ctx: Dist, grad_accum: int,
+                         float8: Float8Section | None = None) -> PipelineModel:
     """Splits the built model (the same on every rank) into this rank's chunks, parallelizes each
     (tp, activation checkpointing, FSDP/HSDP) and builds the schedule."""
     refuse_unrunnable_pipeline(model.config, parallel, ctx.layout)  # again: model.init_from's shape is known now
 
     def parallelize_chunk(chunk: nn.Module) -> None:
-        parallelize(chunk, parallel, ctx)  # in place: no DDP or compile wrapper with a pipeline
+        parallelize(chunk, parallel, ctx, float8=float8)  # in place: no DDP or compile wrapper with a pipeline
 
     pipeline = build_pipeline(model, ctx.mesh.get_group("pp"), parallel.pp_schedule,
                               pipeline_microbatches(parallel, ctx.layout), virtual_stages=parallel.pp_virtual_stages,

@@ -32,6 +32,7 @@ from lmforge.trainer.context_parallel import context_parallel_forward, context_p
 from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
 from lmforge.trainer.data_sync import sync_sources
 from lmforge.trainer.expert_parallel_layout import clip_gradients_expert_parallel, expert_parallel_problems
+from lmforge.trainer.float8 import precompute_float8_scales, refuse_unsupported_float8
 from lmforge.trainer.init_from import initial_weights, load_initial_state
 from lmforge.trainer.mesh_layout import trainer_layout
 from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_bytes
@@ -47,6 +48,7 @@ from lmforge.trainer.pipeline_training import (
 )
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
+from lmforge.trainer.profiling import StepProfiler
 from lmforge.trainer.run_log import RunLog
 
 # What the prefetcher yields: (batch index, tokens, where each sequence came from, seconds waited).
@@ -136,6 +138,7 @@ def gather_rank_figures(figures: list[float], ctx: Dist) -> list[list[float]]:
 def train(config: TrainConfig) -> list[float]:
     """Train for config.steps; returns the per-step (all-rank mean) losses of this process's steps."""
     refuse_unsplittable_model(config)
+    refuse_unsupported_float8(config)
     ctx = init_distributed(config.device, config.parallel)
     try:
         if config.preflight.enabled:
@@ -150,7 +153,7 @@ def train(config: TrainConfig) -> list[float]:
         finally:
             run.close(failed)
     finally:
-        if ctx.world_size > 1 and dist.is_initialized():
+        if (ctx.world_size > 1 or ctx.mesh is not None) and dist.is_initialized():
             dist.destroy_process_group()
 
 
@@ -213,6 +216,7 @@ class Trainer:
         self.mixture: Counter[int] = Counter()  # sequences drawn per source, this attempt
         self.nonfinite_in_a_row = 0
         self.memory_logged = False
+        self.profiler = StepProfiler(config.profile, config.run_dir, ctx.rank, ctx.world_size, ctx.device, run.record)
 
     def _build_model(self, model_config: GPTConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         ctx = self.ctx
@@ -232,9 +236,10 @@ class Trainer:
         # An MoE's token uses top_k of the E experts: its active parameters, beside the total.
         active = {"active_params": parameter_counts(model_config)[1]} if model_config.moe is not None else {}
         if ctx.layout.pp > 1:  # split first, then the other axes per chunk (torchtitan's order)
-            model = build_pipeline_model(model, self.config.parallel, ctx, self.config.grad_accum)
+            model = build_pipeline_model(model, self.config.parallel, ctx, self.config.grad_accum,
+                                         float8=self.config.float8)
         else:
-            model = parallelize(model, self.config.parallel, ctx)
+            model = parallelize(model, self.config.parallel, ctx, float8=self.config.float8)
         optimizer = build_optimizer(model, self.config.optim, fused=ctx.device.type == "cuda")
         self.run.log.info(
             "train_start",
@@ -272,7 +277,8 @@ class Trainer:
             for step in range(self.first_step, config.steps):
                 faults.maybe_inject(step, self.ctx.rank)
                 started = time.perf_counter()
-                result = self.train_step(step, batches)
+                with self.profiler.step(step):
+                    result = self.train_step(step, batches)
                 if result is None:  # skipped: no log, eval or checkpoint for this step
                     continue
                 step_seconds = time.perf_counter() - started
@@ -327,6 +333,7 @@ class Trainer:
             return None
         self.nonfinite_in_a_row = 0
         self.optimizer.step()
+        precompute_float8_scales(self.model, self.config.float8, self.ctx.layout.mode)
         update_router_biases(self.model)  # MoE with balancing=bias: this step's expert loads, summed over ranks
         if not self.memory_logged:  # the optimizer state exists from the first step on
             self.run.record("memory", {"step": step, "rank": self.ctx.rank, **state_bytes(self.model, self.optimizer)})
