@@ -174,6 +174,9 @@ def test_fsdp_holds_at_most_55_percent_of_ddp_state_per_rank(tmp_path, data):
     for part in ("params", "grads", "optimizer"):
         assert totals["fsdp"][part] <= 0.55 * totals["ddp"][part], (part, totals)
     assert totals["fsdp"]["total"] <= 0.55 * totals["ddp"]["total"]
+    every = totals["fsdp"]["ranks"]  # each rank's own state, gathered: both hold one half
+    assert [r["rank"] for r in every] == [0, 1] and every[0]["total"] == totals["fsdp"]["total"]
+    assert abs(every[0]["total"] + every[1]["total"] - totals["ddp"]["total"]) <= 0.05 * totals["ddp"]["total"]
 
 
 @pytest.mark.slow

@@ -336,10 +336,20 @@ class Trainer:
         precompute_float8_scales(self.model, self.config.float8, self.ctx.layout.mode)
         update_router_biases(self.model)  # MoE with balancing=bias: this step's expert loads, summed over ranks
         if not self.memory_logged:  # the optimizer state exists from the first step on
-            self.run.record("memory", {"step": step, "rank": self.ctx.rank, **state_bytes(self.model, self.optimizer)})
+            self._record_memory(step)
             self.memory_logged = True
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss, grad_norm=grad_norm, lr=lr, data_wait=data_wait)
+
+    def _record_memory(self, step: int) -> None:
+        """Rank 0's state bytes, and every rank's under `ranks` (pipeline stages and expert shards differ;
+        a collective: all ranks call it)."""
+        mine = state_bytes(self.model, self.optimizer)
+        ranks = gather_rank_figures([float(v) for v in mine.values()], self.ctx)
+        if self.ctx.is_main:
+            every = [{"rank": rank, **{key: int(v) for key, v in zip(mine, figures, strict=True)}}
+                     for rank, figures in enumerate(ranks)]
+            self.run.record("memory", {"step": step, "rank": 0, **mine, "ranks": every})
 
     def _next_batch(self, batches: Batches) -> tuple[torch.Tensor, float]:
         """The next micro-batch on the device, and the seconds spent waiting for it."""
