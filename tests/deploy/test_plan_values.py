@@ -11,10 +11,10 @@ import sys
 import pytest
 import yaml
 
-from lmforge.common.errors import ConfigError
 from lmforge.trainer import __main__ as trainer_main
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.mesh_layout import MESH_AXES, MeshLayout, resolve_layout, trainer_layout
+from lmforge.trainer.train import refuse_unsplittable_model
 from tests.deploy.chart_values import NAMESPACE, container
 from tests.helm_chart import find, render
 
@@ -88,7 +88,7 @@ def test_a_data_parallel_plan_is_values_the_chart_and_the_trainer_accept(chart, 
     assert trainer_layout(config.parallel, world_size) == expected
 
 
-def test_the_70b_plan_is_values_the_chart_accepts_and_the_trainer_refuses_until_issue_18(chart, monkeypatch):
+def test_the_70b_plan_is_values_the_chart_accepts_and_the_trainer_starts(chart, monkeypatch):
     values = plan_values(*LLAMA_70B_ON_1024_H100)
     chart.validate_schema(values)
     training = values["training"]
@@ -100,6 +100,7 @@ def test_the_70b_plan_is_values_the_chart_accepts_and_the_trainer_refuses_until_
     world_size = training["nodes"] * training["nprocPerNode"]
     layout = resolve_layout(config.parallel, world_size)  # the axes fit the world size as they are
     assert layout.axes() == {axis: parallel[axis] for axis in MESH_AXES} and layout.world_size == 1024
-    unbuilt = r"parallel\.pp=\d+ \(world size 1024\): pipeline parallelism is not in the trainer yet"
-    with pytest.raises(ConfigError, match=unbuilt):
-        trainer_layout(config.parallel, world_size)
+    assert trainer_layout(config.parallel, world_size) == layout
+    # what the trainer checks before any process group (heads by tp, layers by pp, sequence by 2·cp) passes
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    refuse_unsplittable_model(config)
