@@ -1,7 +1,8 @@
 """Pipeline parallelism in the trainer (`parallel.pp`; torchrun, gloo, CPU, fp32): 1F1B, GPipe,
-interleaved 1F1B, 1F1B with gradient accumulation, PP 2 × FSDP 2 and PP 2 × TP 2 log a one-process run's
-losses and val losses step by step (each data-parallel rank reads data.batch_size × micro-batches
-sequences; the stages of a pipeline read the same ones); a PP 2 × FSDP 2 checkpoint resumes on 4
+interleaved 1F1B, 1F1B with gradient accumulation, PP 2 × FSDP 2, PP 2 × TP 2, PP 2 × CP 2 and
+PP 2 × CP 2 × TP 2 log a one-process run's losses and val losses step by step (each data-parallel rank
+reads data.batch_size × micro-batches sequences; the stages of a pipeline read the same ones, each cp
+rank its shard of them; under cp the grad norms match too); a PP 2 × FSDP 2 checkpoint resumes on 4
 FSDP ranks and exports; layouts a pipeline cannot run are refused before any process group."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline-training")
     data = random_output(tmp / "data")
     steps, evals, _ = train(data, tmp / "single", 1, BATCH)
-    return tmp, data, [r["loss"] for r in steps], [r["val_loss"] for r in evals]
+    return tmp, data, [r["loss"] for r in steps], [r["val_loss"] for r in evals], [r["grad_norm"] for r in steps]
 
 
 def assert_matches(single: list[float], losses: list[float], tolerance: float = TOLERANCE) -> None:
@@ -54,7 +55,7 @@ def assert_matches(single: list[float], losses: list[float], tolerance: float = 
 
 
 def test_the_one_process_reference_learns(reference):
-    _, _, losses, _ = reference
+    _, _, losses, _, _ = reference
     assert losses[-1] < losses[0] - 0.5
 
 
@@ -69,18 +70,26 @@ def test_the_one_process_reference_learns(reference):
     ("pp2-fsdp2", 4, 2, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_microbatches=2"], 1 / 2),
     # the 70B recipe's composition: each stage's chunk tensor-parallel (sequence shards cross the stages)
     ("pp2-tp2", 4, 4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_microbatches=2"], 1 / 2),
+    # each cp rank's load-balanced half of every sequence, cut into micro-batches, with its global positions
+    ("pp2-cp2", 4, 4, ["parallel.pp=2", "parallel.cp=2", "parallel.pp_microbatches=2"], 1 / 2),
+    # the 70B recipe's whole model-parallel shape: tp-local heads attend the cp sequence inside each stage
+    ("pp2-cp2-tp2", 8, 4, ["parallel.pp=2", "parallel.cp=2", "parallel.tp=2", "parallel.pp_microbatches=2"], 1 / 2),
 ])
 def test_pipeline_layouts_match_one_process(reference, name, nproc, batch_size, extra, bubble):
-    tmp, data, single, single_val = reference
+    tmp, data, single, single_val, single_grad_norms = reference
     steps, evals, stdout = train(data, tmp / name, nproc, batch_size, *extra)
     tolerance = TP_TOLERANCE if "parallel.tp=2" in extra else TOLERANCE
     assert_matches(single, [r["loss"] for r in steps], tolerance)
+    if "parallel.cp=2" in extra:  # the cp ranks' gradients add up to one process's (Adam would hide a scale)
+        assert_matches(single_grad_norms, [r["grad_norm"] for r in steps], tolerance)
     if "grad_accum=2" not in extra:  # (an eval batch is one micro-step's: half the one process's with grad_accum)
         assert_matches(single_val, [r["val_loss"] for r in evals], tolerance)  # pipeline_eval, forward only
     assert {r["pipeline_bubble"] for r in steps} == {bubble}
     assert all(r["tokens_per_second"] * r["step_seconds"] == pytest.approx(BATCH * 32) for r in steps)
     starts = [json.loads(line) for line in stdout.splitlines() if '"train_start"' in line]
     assert len(starts) == nproc and all(s["pipeline_bubble"] == bubble and s["mesh"]["pp"] == 2 for s in starts)
+    axes = dict(option.removeprefix("parallel.").split("=") for option in extra if option.startswith("parallel."))
+    assert all(s["mesh"][axis] == int(degree) for s in starts for axis, degree in axes.items() if axis in s["mesh"])
 
 
 @pytest.mark.slow
@@ -88,7 +97,7 @@ def test_a_pp_fsdp_checkpoint_resumes_on_fsdp_alone_and_exports(reference):
     """Killed at step 8 under PP 2 × FSDP 2 (checkpoint at step 4), resumed on 4 FSDP ranks: the
     chunks saved the full model's parameter names, DCP reshards them, and steps 5… are the
     uninterrupted run's."""
-    tmp, data, single, _ = reference
+    tmp, data, single, _, _ = reference
     run_dir = tmp / "pp-to-fsdp"
     common = ["checkpoint.every=5", "checkpoint.keep=5"]
     killed = run_trainer(overrides(data, run_dir, 2, *common, "parallel.pp=2", "parallel.dp_shard=2",

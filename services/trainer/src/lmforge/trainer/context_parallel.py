@@ -121,13 +121,13 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, posi
 
 
 def apply_context_parallel(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
-    """Make every attention layer of a built GPT attend across the cp group; the model then
-    expects shard_batch's shards with their positions (GPT.forward(idx, positions=…))."""
-    if getattr(model.config, "moe", None) is not None:
+    """Make every attention layer of a built GPT (or pipeline chunk) attend across the cp group; the
+    model then expects shard_batch's shards with their positions (GPT.forward(idx, positions=…))."""
+    if getattr(getattr(model, "config", None), "moe", None) is not None:  # (a pipeline chunk has no config)
         raise ValueError(f"parallel.cp={dist.get_world_size(group)}: context parallelism does not support the MoE "
                          f"option yet (its balance losses are per-rank)")
     attention = partial(all_gather_attention, group=group)
-    for block in model.blocks:
+    for block in model.blocks.children():  # a GPT's list or a pipeline chunk's dict
         block.attn.attention_fn = attention
     return model
 

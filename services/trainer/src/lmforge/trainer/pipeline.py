@@ -13,6 +13,13 @@ the whole batch; torch's own gradient scaling stays off (it would rescale gradie
 earlier grad_accum calls too). Gradient clipping takes the norm over every stage's parameters
 (`clip_grad_norm_pipeline`).
 
+Under context parallelism (`cp_group`) every rank passes its cp shard of the batch (B, T/cp) and the
+tokens' global positions, which the schedule splits into micro-batches like the tokens and hands to
+every stage's chunk (RoPE, learned positions and the attention's causal mask read them). The last
+stage's loss is then context_parallel_loss's share (the shard's cross-entropy sum over the cp group's
+token count) times cp, as the trainer's own cp step scales it: FSDP over dp_shard × cp averages the
+gradients, so the cp ranks' shares add up.
+
 Not supported, refused by `validate_pipeline` before any process group work: tied embeddings
 (the head would live on another stage than the embedding it shares) and the MoE option (its
 auxiliary losses arise on every stage, but a pipeline backpropagates from the last stage's loss).
@@ -33,6 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from lmforge.common.errors import ConfigError
 from lmforge.common.model import GPT, GPTConfig
+from lmforge.trainer.context_parallel import context_parallel_loss
 
 __all__ = [
     "SCHEDULES", "Pipeline", "PipelineChunk", "bubble_fraction", "build_pipeline", "chunk_layers",
@@ -102,16 +110,17 @@ class PipelineChunk(nn.Module):
             self.register_buffer("rope_cos", model.rope_cos, persistent=False)
             self.register_buffer("rope_sin", model.rope_sin, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`positions` (B, T): the tokens' global positions, under context parallelism (as GPT.forward's)."""
         if self.wte is not None:
             time = x.shape[1]
             x = self.wte(x)
             if self.wpe is not None:
-                x = x + self.wpe(torch.arange(time, device=x.device))
+                x = x + self.wpe(torch.arange(time, device=x.device) if positions is None else positions)
             x = self.drop(x)
         rope = (self.rope_cos, self.rope_sin) if self.rotary else None
         for block in self.blocks.values():
-            x = block(x, rope)
+            x = block(x, rope, positions)
         if self.lm_head is not None:
             x = self.lm_head(self.ln_f(x))
         return x
@@ -127,12 +136,18 @@ def split_model(model: GPT, pp_rank: int, pp: int, virtual_stages: int = 1) -> d
 
 class MicrobatchLoss:
     """The last stage's loss: the micro-batch's mean cross-entropy over `share` (micro-batches ×
-    grad_accum), so the micro-batch losses of one optimizer step sum to the whole batch's mean."""
+    grad_accum), so the micro-batch losses of one optimizer step sum to the whole batch's mean.
+    With a cp group: context_parallel_loss's share of the cp shards' mean, times cp (FSDP averages
+    the gradients over dp_shard × cp; the cp ranks' shares must add up)."""
 
-    def __init__(self, share: int):
+    def __init__(self, share: int, cp_group: dist.ProcessGroup | None = None):
         self.share = share
+        self.cp_group = cp_group
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.cp_group is not None:
+            cp_share, _ = context_parallel_loss(logits, targets, self.cp_group)
+            return cp_share * (dist.get_world_size(self.cp_group) / self.share)
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return loss / self.share
 
@@ -149,6 +164,7 @@ class Pipeline:
     microbatches: int
     grad_accum: int
     bubble: float
+    cp_group: dist.ProcessGroup | None = None  # context parallelism: each rank runs its cp shard of the batch
 
     @property
     def has_last_stage(self) -> bool:
@@ -161,12 +177,14 @@ class Pipeline:
 
 def build_pipeline(model: GPT, group: dist.ProcessGroup, schedule: str, microbatches: int, *,
                    virtual_stages: int = 1, grad_accum: int = 1, device: torch.device | None = None,
-                   parallelize_chunk: Callable[[PipelineChunk], object] | None = None) -> Pipeline:
+                   parallelize_chunk: Callable[[PipelineChunk], object] | None = None,
+                   cp_group: dist.ProcessGroup | None = None) -> Pipeline:
     """Splits a built model (the same on every rank of `group`) into this rank's stages and builds
     the schedule. `microbatches` is the count per `pipeline_step`; `grad_accum` how many
     pipeline_step calls one optimizer step accumulates; `parallelize_chunk` applies the other axes
     (tensor parallelism, FSDP over the data-parallel ranks) to each chunk in place, before the
-    stages wrap them (torchtitan's order)."""
+    stages wrap them (torchtitan's order); `cp_group`: the context-parallel ranks that share each
+    batch (parallelize_chunk applies context parallelism to the chunks' attention)."""
     pp, pp_rank = dist.get_world_size(group), dist.get_rank(group)
     validate_pipeline(model.config, pp, schedule, microbatches, virtual_stages)
     device = device or torch.device("cpu")
@@ -175,42 +193,50 @@ def build_pipeline(model: GPT, group: dist.ProcessGroup, schedule: str, microbat
         for chunk in chunks.values():
             parallelize_chunk(chunk)
     stages = [PipelineStage(chunk, index, pp * virtual_stages, device, group=group) for index, chunk in chunks.items()]
-    loss_fn = MicrobatchLoss(microbatches * grad_accum)
+    loss_fn = MicrobatchLoss(microbatches * grad_accum, cp_group)
     schedule_class = SCHEDULES[schedule]
     runner = schedule_class(stages if schedule in INTERLEAVED else stages[0], microbatches, loss_fn=loss_fn,
                             scale_grads=False)
     return Pipeline(list(chunks.values()), stages, runner, group, microbatches, grad_accum,
-                    bubble_fraction(pp, microbatches, virtual_stages))
+                    bubble_fraction(pp, microbatches, virtual_stages), cp_group)
 
 
-def pipeline_step(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def pipeline_step(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor,
+                  positions: torch.Tensor | None = None) -> torch.Tensor:
     """Forward and backward of one batch (B, T) through the pipeline, gradients accumulated into
     every rank's chunks; returns the batch's mean cross-entropy on every rank of the group (the
     share of one optimizer step is this / grad_accum). Every rank passes the same batch; only the
-    first stage reads the inputs and only the last the targets."""
-    return _run_schedule(pipeline, inputs, targets, train=True)
+    first stage reads the inputs and only the last the targets. With a cp group: this rank's cp
+    shard (B, T/cp) and its global `positions` (B, T/cp); the mean is the whole sequences'."""
+    return _run_schedule(pipeline, inputs, targets, positions, train=True)
 
 
 @torch.no_grad()
-def pipeline_eval(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def pipeline_eval(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor,
+                  positions: torch.Tensor | None = None) -> torch.Tensor:
     """The batch's mean cross-entropy through the pipeline, forward only (put the chunks in eval
     mode first, as for a model), on every rank of the group."""
-    return _run_schedule(pipeline, inputs, targets, train=False)
+    return _run_schedule(pipeline, inputs, targets, positions, train=False)
 
 
-def _run_schedule(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool) -> torch.Tensor:
+def _run_schedule(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None,
+                  *, train: bool) -> torch.Tensor:
     if inputs.shape[0] % pipeline.microbatches:
         raise ValueError(f"batch of {inputs.shape[0]} sequences does not split into "
                          f"{pipeline.microbatches} pipeline micro-batches")
     losses: list[torch.Tensor] = []
     first = any(stage.is_first for stage in pipeline.stages)
     run = pipeline.schedule.step if train else pipeline.schedule.eval
+    kwargs = {} if positions is None else {"positions": positions}  # split into micro-batches, for every stage
     run(*([inputs] if first else []), target=targets if pipeline.has_last_stage else None, losses=losses,
-        return_outputs=False)
+        return_outputs=False, **kwargs)
     if pipeline.has_last_stage:
         # (under tensor parallelism each is a replicated DTensor: loss_parallel's cross-entropy)
         losses = [loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]
         loss = torch.stack([loss.detach() for loss in losses]).sum() * pipeline.grad_accum
+        if pipeline.cp_group is not None:  # cp × this rank's share: the mean over the cp group is the whole mean
+            dist.all_reduce(loss, group=pipeline.cp_group)
+            loss /= dist.get_world_size(pipeline.cp_group)
     else:
         loss = torch.zeros((), device=targets.device)
     dist.broadcast(loss, group=pipeline.group, group_src=dist.get_world_size(pipeline.group) - 1)

@@ -8,6 +8,10 @@ axes in place, as torchtitan does: tensor parallelism, activation checkpointing,
 optimizer, the memory figures and DCP checkpoints see `blocks.5.attn.query.weight` under any layout:
 a checkpoint saved by a pipeline resumes without one, and exports, as any other.
 
+With context parallelism (`parallel.cp` > 1) each rank cuts the batch along the sequence into its
+load-balanced cp shard (context_parallel.shard_batch) before the schedule cuts it into micro-batches
+along the batch; the shard's global positions go with it to every stage (lmforge.trainer.pipeline).
+
 Refused with pp > 1, before any process group: what validate_pipeline refuses, DDP (a pipeline
 stage runs its chunk in place; use dp_shard) and compile.
 """
@@ -21,6 +25,7 @@ from torch import nn
 
 from lmforge.common.errors import ConfigError
 from lmforge.common.model import GPT, GPTConfig
+from lmforge.trainer.context_parallel import shard_batch
 from lmforge.trainer.parallel import parallelize
 from lmforge.trainer.pipeline import (
     Pipeline,
@@ -53,9 +58,6 @@ def refuse_unrunnable_pipeline(config: GPTConfig, parallel: ParallelSection, lay
                           "stage runs its chunk in place; use dp_shard (FSDP) or hsdp for the data-parallel axis")
     if parallel.compile:
         raise ConfigError(f"parallel.pp={layout.pp} with parallel.compile: compiling pipeline chunks is not built")
-    if layout.cp > 1:
-        raise ConfigError(f"parallel.pp={layout.pp} with parallel.cp={layout.cp}: context parallelism inside "
-                          "pipeline stages is not built")
     validate_pipeline(config, layout.pp, parallel.pp_schedule, pipeline_microbatches(parallel, layout),
                       parallel.pp_virtual_stages)
 
@@ -81,10 +83,16 @@ class PipelineModel(nn.Module):
 
     def train_step(self, batch: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one batch (B, T + 1) of token ids; its mean loss, on every stage."""
-        return pipeline_step(self.pipeline, batch[:, :-1], batch[:, 1:])
+        return pipeline_step(self.pipeline, *self._inputs(batch))
 
     def eval_loss(self, batch: torch.Tensor) -> torch.Tensor:
-        return pipeline_eval(self.pipeline, batch[:, :-1], batch[:, 1:])
+        return pipeline_eval(self.pipeline, *self._inputs(batch))
+
+    def _inputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(tokens, targets, global positions): this rank's cp shard of each, or the whole batch without cp."""
+        if self.pipeline.cp_group is None:
+            return batch[:, :-1], batch[:, 1:], None
+        return tuple(shard_batch(batch[:, :-1], batch[:, 1:], self.pipeline.cp_group))
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """The gradient norm over every stage's parameters, after clipping them by it."""
@@ -94,7 +102,7 @@ class PipelineModel(nn.Module):
 def build_pipeline_model(model: GPT, parallel: ParallelSection, ctx: Dist, grad_accum: int,
                          float8: Float8Section | None = None) -> PipelineModel:
     """Splits the built model (the same on every rank) into this rank's chunks, parallelizes each
-    (tp, activation checkpointing, FSDP/HSDP) and builds the schedule."""
+    (cp, tp, activation checkpointing, FSDP/HSDP) and builds the schedule."""
     refuse_unrunnable_pipeline(model.config, parallel, ctx.layout)  # again: model.init_from's shape is known now
 
     def parallelize_chunk(chunk: nn.Module) -> None:
@@ -102,5 +110,6 @@ def build_pipeline_model(model: GPT, parallel: ParallelSection, ctx: Dist, grad_
 
     pipeline = build_pipeline(model, ctx.mesh.get_group("pp"), parallel.pp_schedule,
                               pipeline_microbatches(parallel, ctx.layout), virtual_stages=parallel.pp_virtual_stages,
-                              grad_accum=grad_accum, device=ctx.device, parallelize_chunk=parallelize_chunk)
+                              grad_accum=grad_accum, device=ctx.device, parallelize_chunk=parallelize_chunk,
+                              cp_group=ctx.cp_group)
     return PipelineModel(pipeline)
