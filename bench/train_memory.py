@@ -12,7 +12,8 @@ The layouts suite records every rank's state (a pipeline's stages hold different
 compares the most loaded rank's with the planner's model-state bytes for the same layout
 (lmforge.trainer.planner.memory, fp32 parameters, gradients and AdamW moments, as the trainer
 keeps them on CPU). The planner's activation and FSDP-buffer bytes assume bf16 on a GPU: only
-the state is comparable on CPU.
+the state is comparable on CPU. Each layout's last step is profiled (profile.steps): the time in
+each kind of collective, from the trainer's "profile" record.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ PP_MICROBATCHES = 4
 def run_layout(label: str, preset: str, degrees: dict[str, int], data: Path, run_dir: Path, args) -> dict:
     shape = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {**LAYOUT_SHAPE, "context_length": args.seq_len}.items())
     overrides = [f"data.sources=[{{path: {data}}}]", f"data.seq_len={args.seq_len}", f"data.batch_size={args.batch}",
-                 "steps=3", f"model.preset={preset}", f"model.overrides={{{shape}}}", f"device={args.device}",
+                 "steps=3", "profile.steps=[2]", f"model.preset={preset}", f"model.overrides={{{shape}}}",
+                 f"device={args.device}",
                  f"run_dir={run_dir}", "checkpoint.every=0", "checkpoint.resume=false",
                  *(f"parallel.{axis}={degree}" for axis, degree in degrees.items())]
     if degrees.get("pp", 1) > 1:
@@ -84,9 +86,12 @@ def run_layout(label: str, preset: str, degrees: dict[str, int], data: Path, run
     ranks = memory.get("ranks", [memory])  # every rank's state, when the trainer records it
     most = max(ranks, key=lambda r: r["total"])
     peak = max(rank["peak_memory_bytes"] for r in records if r["kind"] == "step" for rank in r["ranks"])
+    profile = next(r for r in records if r["kind"] == "profile")  # step 2, averaged over the ranks
     return {"layout": label, "preset": preset, "degrees": degrees, "rank_totals": [r["total"] for r in ranks],
             **{k: most[k] for k in ("params", "grads", "optimizer", "total")}, "peak_bytes": peak,
-            "planned": planned_state(preset, degrees, args)}
+            "planned": planned_state(preset, degrees, args),
+            "comm": {k: profile[k] for k in ("step_seconds", "comm_seconds", "comm_total_seconds",
+                                              "exposed_comm_fraction")}}
 
 
 def planned_state(preset: str, degrees: dict[str, int], args) -> dict[str, float]:
@@ -121,6 +126,20 @@ def layouts_table(rows: list[dict], args) -> list[str]:
     return lines
 
 
+def comm_table(rows: list[dict]) -> list[str]:
+    """Step 2's torch.profiler trace of each layout: seconds per kind of collective (mean over ranks)."""
+    kinds = sorted({kind for row in rows for kind, seconds in row["comm"]["comm_seconds"].items() if seconds})
+    columns = " | ".join(f"{kind} s" for kind in kinds)
+    lines = [f"| layout | step s | {columns} | communication s | exposed communication / step |",
+             "|---|---|" + "---|" * len(kinds) + "---|---|"]
+    for row in rows:
+        comm = row["comm"]
+        per_kind = " | ".join(f"{comm['comm_seconds'].get(kind, 0.0):.3f}" for kind in kinds)
+        lines.append(f"| {row['layout']} | {comm['step_seconds']:.3f} | {per_kind} | "
+                     f"{comm['comm_total_seconds']:.3f} | {comm['exposed_comm_fraction']:.0%} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="modes", choices=["modes", "layouts"],
@@ -144,7 +163,7 @@ def main() -> None:
             for index, (label, preset, degrees) in enumerate(LAYOUTS):
                 rows.append(run_layout(label, preset, degrees, data, Path(tmp) / f"layout-{index}", args))
                 print(json.dumps(rows[-1]), flush=True)
-        print("\n".join(layouts_table(rows, args)))
+        print("\n".join(layouts_table(rows, args) + [""] + comm_table(rows)))
         (out / "train-memory-layouts.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
         return
     with tempfile.TemporaryDirectory() as tmp:

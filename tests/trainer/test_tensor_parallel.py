@@ -50,6 +50,8 @@ def test_llama_debug_layouts_match_one_process(llama_reference, name, nproc, bat
     """GQA (4 query heads, 2 key/value heads: one kv head per tp rank), SwiGLU, RMSNorm, untied head."""
     tmp, data, single, model = llama_reference
     assert_matches(single, run_trainer(tmp, name, nproc, None, batch_size, data, *extra, model=model))
+    for rank in read_metrics(tmp / name, "memory")[0]["ranks"]:  # every gradient as sharded as its parameter
+        assert rank["grads"] == rank["params"], rank
 
 
 @pytest.mark.slow

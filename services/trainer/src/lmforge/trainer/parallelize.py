@@ -89,6 +89,9 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
         parallelize_module(model, tp_mesh, top)
     if tied:  # the head and the embedding are one (vocab, C) tensor, both sharded by vocabulary rows
         model.lm_head.weight = model.wte.weight
+    for name in ("wte", "wpe"):
+        if getattr(model, name) is not None:
+            _keep_gradient_sharded(getattr(model, name).weight)
     for block in model.blocks.children():  # a GPT's list or a pipeline chunk's dict
         mlp: nn.Module = block.mlp
         columns = ("gate", "up") if hasattr(mlp, "gate") else ("fc",)
@@ -105,6 +108,20 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
         for module in (block.attn, block.mlp):
             module.register_forward_pre_hook(_whole_sequence(tp_mesh))
+
+
+def _keep_gradient_sharded(weight: nn.Parameter) -> None:
+    """DTensor's embedding backward returns the row-sharded table's gradient replicated (whole, on
+    every tp rank); sliced back to the weight's own shard as it arrives (no communication), the
+    accumulated gradient and the optimizer's view of it stay 1/tp the size. FSDP replaces the
+    parameter (and this hook) with its own and reduce-scatters instead."""
+
+    def as_placed(grad: torch.Tensor) -> torch.Tensor:
+        if grad.placements == weight.placements:
+            return grad
+        return grad.redistribute(weight.device_mesh, weight.placements)
+
+    weight.register_hook(as_placed)
 
 
 def _whole_sequence(tp_mesh: DeviceMesh):
