@@ -1,5 +1,5 @@
 """The trainer's device mesh as named axes, `parallel: {dp_replicate, dp_shard, tp, pp, cp, ep}`
-(issue 18's keys; `lmforge-train plan` writes its recommendation in them), resolved against the
+(`lmforge-train plan` writes its recommendation in them), resolved against the
 world size and checked before any process group exists.
 
 dp_replicate × dp_shard × tp × pp × cp is the world size; one of them may be -1, the rest of it.
