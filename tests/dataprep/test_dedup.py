@@ -1,4 +1,5 @@
-"""Dedup building blocks: keys, MinHash, candidate verification, components, partitions."""
+"""Dedup building blocks: keys, MinHash, candidate verification, components, partitions, and
+what a partition reads of the per-input stage's output."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from lmforge.common.errors import InputError
 from lmforge.common.storage import LocalStore
-from lmforge.dataprep.config import MinHashConfig
+from lmforge.dataprep import layout
+from lmforge.dataprep.config import DataprepConfig, MinHashConfig
 from lmforge.dataprep.dedup_global import (
     KIND_CONTENT,
     KIND_NEAR,
@@ -21,11 +23,14 @@ from lmforge.dataprep.dedup_global import (
     _components,
     _verified_pairs,
     check_minhash_config,
+    group_partition,
     write_minhash_config,
 )
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher, estimated_jaccard, lsh_params, verify_threshold
 from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter, content_key, normalize_url, url_key
+from lmforge.dataprep.worker import process_input
+from tests.dataprep.wet_records import gz_member, wet_record
 
 VOCAB = [f"word{i}" for i in range(5000)]
 
@@ -136,3 +141,134 @@ def test_signatures_from_another_config_are_refused(tmp_path):
     with pytest.raises(InputError, match="another MinHash config"):
         check_minhash_config(store, MinHashConfig(num_perm=64))
     assert json.loads((tmp_path / "work" / "minhash_config.json").read_text())["num_perm"] == 128
+
+
+# ------------------------------------------------------------ partitions read only their own keys
+
+_NO_FILTERS = {"langid": {"enabled": False}, "quality": {"enabled": False}, "repetition": {"enabled": False},
+               "pii": {"enabled": False}}
+
+
+class _RecordingStore(LocalStore):
+    """A LocalStore that records every path whose content is read."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.reads: list[str] = []
+
+    def read_bytes(self, rel: str) -> bytes:
+        self.reads.append(rel)
+        return super().read_bytes(rel)
+
+    def local_path(self, rel: str):
+        self.reads.append(rel)
+        return super().local_path(rel)
+
+
+def _dedup_corpus(base) -> list[str]:
+    """Three inputs: near duplicates (one close, one looser), an exact copy and a repeated URL
+    across inputs, and unrelated documents."""
+    rng = random.Random(7)
+
+    def text(n=300):
+        return [rng.choice(VOCAB) for _ in range(n)]
+
+    def edited(words, changes):
+        words = list(words)
+        for k in range(changes):
+            words[(k * 37 + 11) % len(words)] = f"changed{k}"
+        return words
+
+    close, loose, copied, other = text(), text(), text(), text()
+    docs = [
+        [("https://a.org/close", close), ("https://a.org/loose", loose), ("https://a.org/copied", copied),
+         ("https://shared.org/page", text())],
+        [("https://b.org/close", edited(close, 2)), ("https://b.org/loose", edited(loose, 8)),
+         ("https://b.org/copied", copied), ("https://shared.org/page/", text()), ("https://b.org/x", text())],
+        [("https://c.org/y", other), ("https://c.org/z", text())],
+    ]
+    paths = []
+    for i, records in enumerate(docs):
+        path = base / f"in-{i}.warc.wet.gz"
+        path.write_bytes(b"".join(gz_member(wet_record(url, " ".join(words).encode())) for url, words in records))
+        paths.append(str(path))
+    return paths
+
+
+def _prepare(root, paths, config, only=None) -> list:
+    store = LocalStore(root)
+    write_minhash_config(store, config.minhash)
+    return [process_input(store, config, uri, i) for i, uri in enumerate(paths) if only is None or i in only]
+
+
+def _edges(root, config, n_inputs) -> dict[int, bytes]:
+    store = LocalStore(root)
+    for p in range(PartitionPlan.from_config(config.minhash).count):
+        group_partition(store, config.minhash, n_inputs, p)
+    return {p: (root / layout.edges(p)).read_bytes() for p in range(PartitionPlan.from_config(config.minhash).count)}
+
+
+@pytest.fixture(scope="module")
+def dedup_inputs(tmp_path_factory):
+    return _dedup_corpus(tmp_path_factory.mktemp("dedup-inputs"))
+
+
+def test_group_partition_reads_only_its_own_key_column(dedup_inputs, tmp_path):
+    config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2}})
+    _prepare(tmp_path, dedup_inputs, config)
+    plan, n = PartitionPlan.from_config(config.minhash), len(dedup_inputs)
+    store = _RecordingStore(tmp_path)
+    with_runs, without_runs, kinds_seen = [], [], set()
+    for p in range(plan.count):
+        column, kind, key_slice = plan.describe(p)
+        store.reads.clear()
+        edges = group_partition(store, config.minhash, n, p)
+        key_reads = [r for r in store.reads if r.startswith("work/minhash/keys/")]
+        other_reads = [r for r in store.reads if r not in key_reads]
+        assert key_reads == [layout.dedup_keys(i, column) for i in range(n)], p
+        keys = np.concatenate([np.load(tmp_path / layout.dedup_keys(i, column))[:, 1] for i in range(n)])
+        if kind == KIND_NEAR:
+            keys = keys[keys % np.uint64(plan.partitions_per_band) == key_slice]
+        has_run = len(np.unique(keys)) < len(keys)
+        if kind == KIND_NEAR and has_run:
+            with_runs.append(p)
+            assert other_reads and set(other_reads) <= {layout.signatures(i) for i in range(n)}, (p, other_reads)
+        else:
+            if kind == KIND_NEAR:
+                without_runs.append(p)
+            assert other_reads == [], (p, other_reads)  # no signatures, no whole key matrix
+        if edges:
+            kinds_seen.add(kind)
+    assert with_runs and without_runs
+    assert kinds_seen == {KIND_NEAR, KIND_URL, KIND_CONTENT}
+
+
+def test_key_files_give_the_edges_the_whole_key_matrix_gave(dedup_inputs, tmp_path):
+    """An input finished before the key files existed (only the whole key matrix) still dedups,
+    to the same edges."""
+    config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2}})
+    n = len(dedup_inputs)
+    _prepare(tmp_path / "new", dedup_inputs, config)
+    _prepare(tmp_path / "old", dedup_inputs, config)
+    for path in (tmp_path / "old" / "work" / "minhash" / "keys").rglob("000001.npy"):
+        path.unlink()
+    assert _edges(tmp_path / "old", config, n) == _edges(tmp_path / "new", config, n)
+
+
+def test_an_input_rerun_after_a_kill_rewrites_its_key_files(dedup_inputs, tmp_path):
+    config = DataprepConfig.model_validate(_NO_FILTERS)
+    n = len(dedup_inputs)
+    _prepare(tmp_path / "ref", dedup_inputs, config)
+    reference = _edges(tmp_path / "ref", config, n)
+    out = tmp_path / "killed"
+    _prepare(out, dedup_inputs, config, only={0, 1})
+    # input 1 killed after writing some of its key files, before its completion marker
+    (out / layout.input_done(1)).unlink()
+    (out / layout.dedup_keys(1, 3)).unlink()
+    (out / layout.dedup_keys(1, 0)).write_bytes(b"torn")
+    kept_before = (out / layout.dedup_keys(0, 0)).stat().st_mtime_ns
+    results = _prepare(out, dedup_inputs, config)
+    assert [r.skipped for r in results] == [True, False, False]
+    assert (out / layout.dedup_keys(0, 0)).stat().st_mtime_ns == kept_before
+    assert _edges(out, config, n) == reference
+    assert sum(np.load(out / layout.edges(p)).shape[0] for p in reference) > 0

@@ -1,11 +1,14 @@
 """Global dedup across all workers and inputs, in two stages that scale out.
 
 1. `group_partition(p)`: partition p is one LSH band (or one slice of it by key range),
-   or the exact-URL or exact-content key. It loads only that column of keys from every
-   input, finds documents sharing a key and emits duplicate edges. Band candidates are
-   verified against the full signatures (estimated Jaccard ≥ threshold less the
-   estimator's noise margin, see minhash.verify_threshold); URL and content
-   keys are exact. Partitions are independent: processes or Indexed-Job pods share them.
+   or the exact-URL or exact-content key. It reads only that column's key file of every
+   input (layout.dedup_keys: (doc id, key) pairs, written by the per-input stage beside the
+   whole key matrix, which no partition reads), finds documents sharing a key and emits
+   duplicate edges. Band candidates are verified against the full signatures (estimated
+   Jaccard ≥ threshold less the estimator's noise margin, see minhash.verify_threshold),
+   memory-mapped, and read only for the inputs of a candidate run: a partition without one
+   reads no signatures. URL and content keys are exact. Partitions are independent:
+   processes or Indexed-Job pods share them.
 2. `cluster()`: connected components over all edges (scipy); in each component the
    document with the lowest id (first in input order) survives, the others are removed.
 """
@@ -20,7 +23,7 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from lmforge.common.errors import InputError
+from lmforge.common.errors import InputError, StorageError
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import MinHashConfig
@@ -74,8 +77,18 @@ def check_minhash_config(store: Store, config: MinHashConfig) -> None:
     write_minhash_config(store, config)  # raises on mismatch
 
 
-def _load_npz(store: Store, i: int):
-    return np.load(io.BytesIO(store.read_bytes(layout.minhash(i))))
+def _column_keys(store: Store, i: int, column: int) -> tuple[np.ndarray, np.ndarray]:
+    """(doc ids, keys) of one input's key column, the ids in doc-id order."""
+    try:
+        pairs = np.load(io.BytesIO(store.read_bytes(layout.dedup_keys(i, column))))
+    except StorageError:
+        if store.exists(layout.dedup_keys(i, column)) or not store.exists(layout.minhash(i)):
+            raise
+        # an input finished by an earlier version, which wrote only the whole key matrix
+        with np.load(io.BytesIO(store.read_bytes(layout.minhash(i)))) as data:
+            ids = data["doc_ids"]
+            return ids, data["keys"][:, column] if len(ids) else np.zeros(0, np.uint64)
+    return np.ascontiguousarray(pairs[:, 0]), pairs[:, 1]
 
 
 def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partition: int) -> int:
@@ -85,10 +98,10 @@ def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partitio
     plan = PartitionPlan.from_config(config)
     column, kind, key_slice = plan.describe(partition)
     keys_parts, ids_parts, input_parts = [], [], []
+    input_ids: dict[int, np.ndarray] = {}  # every doc id of each input, for the signature rows
     for i in range(n_inputs):
-        with _load_npz(store, i) as data:
-            keys = data["keys"][:, column] if len(data["doc_ids"]) else np.zeros(0, np.uint64)
-            ids = data["doc_ids"]
+        ids, keys = _column_keys(store, i, column)
+        input_ids[i] = ids
         if kind == KIND_NEAR and plan.partitions_per_band > 1:
             mask = keys % np.uint64(plan.partitions_per_band) == key_slice
             keys, ids = keys[mask], ids[mask]
@@ -99,7 +112,7 @@ def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partitio
     ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
     order = np.lexsort((ids, keys))  # by key, then by doc id: each run starts with its lowest id
     keys, ids = keys[order], ids[order]
-    edges = _edges_for_runs(store, config, keys, ids, kind)
+    edges = _edges_for_runs(store, config, keys, ids, kind, input_ids)
     buffer = io.BytesIO()
     np.save(buffer, edges)
     store.write_bytes(layout.edges(partition), buffer.getvalue())
@@ -117,14 +130,15 @@ def _runs(keys: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts[keep].tolist(), ends[keep].tolist()))
 
 
-def _edges_for_runs(store: Store, config: MinHashConfig, keys, ids, kind: int) -> np.ndarray:
+def _edges_for_runs(store: Store, config: MinHashConfig, keys, ids, kind: int,
+                    input_ids: dict[int, np.ndarray]) -> np.ndarray:
     runs = _runs(keys)
     if not runs:
         return np.zeros((0, 3), dtype=np.uint64)
     if kind != KIND_NEAR:
         pairs = [(ids[j], ids[start]) for start, end in runs for j in range(start + 1, end)]
         return _edge_array(pairs, kind)
-    signatures = _SignatureLookup(store)
+    signatures = _SignatureLookup(store, input_ids)
     pairs = []
     for start, end in runs:
         members = ids[start:end]
@@ -158,18 +172,18 @@ def _edge_array(pairs, kind: int) -> np.ndarray:
 
 class _SignatureLookup:
     """Signatures of given doc ids. Signature matrices are memory-mapped, so only the
-    pages of the documents asked for are read, never every signature of the corpus."""
+    pages of the documents asked for are read, never every signature of the corpus; an
+    input's rows are in the order of its doc ids, which its key files already gave."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, input_ids: dict[int, np.ndarray]):
         self.store = store
+        self.input_ids = input_ids
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _input(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         if i not in self._cache:
-            with _load_npz(self.store, i) as data:
-                ids = data["doc_ids"]
             sigs = np.load(self.store.local_path(layout.signatures(i)), mmap_mode="r")
-            self._cache[i] = (ids, sigs)
+            self._cache[i] = (self.input_ids[i], sigs)
         return self._cache[i]
 
     def get(self, doc_ids: np.ndarray) -> np.ndarray:

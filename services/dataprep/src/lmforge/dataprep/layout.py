@@ -33,6 +33,12 @@ def signatures(i: int) -> str:
     return f"work/minhash/{i:06d}.sig.npy"
 
 
+def dedup_keys(i: int, column: int) -> str:
+    """Input i's (doc id, key) pairs of one dedup key column (LSH band, then URL, then content):
+    the only file of the input that the dedup partitions of that column read."""
+    return f"work/minhash/keys/col-{column:04d}/{i:06d}.npy"
+
+
 def input_stats(i: int) -> str:
     return f"work/stats/input-{i:06d}.json"
 

@@ -5,8 +5,10 @@ given indices runs those tasks of it (worker_slice), a local run all of them, an
 executor (executor.py: inline, or a pool of spawned processes) runs the ones not yet complete.
 
 Phases and their completion markers (a rerun skips what is complete):
-  inputs    per input: kept docs, rejects, signatures, stats   → work/done/input-*
-  dedup     per partition (LSH band / URL / content): edges    → work/dedup/edges-*.npy
+  inputs    per input: kept docs, rejects, signatures, stats,
+            dedup keys (one file per key column)                → work/done/input-*
+  dedup     per partition (LSH band / URL / content), from its
+            column's key files only: edges                      → work/dedup/edges-*.npy
   cluster   connected components → removed ids                → work/dedup/removed.npz
   tokenizer train or load                                      → tokenizer.json
   tokenize  per input: tokens + index + dedup rejects          → work/done/tokenize-*

@@ -1,8 +1,9 @@
 """The per-input stage: read → URL/exact dedup → language ID → Gopher repetition →
 Gopher quality → PII → contamination → MinHash signatures.
 
-One input file is one unit of work. Its outputs (kept documents, rejects, signatures,
-stats) are written atomically and a completion marker last, so a killed run redoes at
+One input file is one unit of work. Its outputs (kept documents, rejects, signatures, dedup
+keys: one file per key column, see layout.dedup_keys, and all columns together, stats) are
+written atomically and a completion marker last, so a killed run redoes at
 most the inputs that were in flight, and a rerun skips finished ones.
 """
 
@@ -52,14 +53,27 @@ class MinHashStep(BaseTransform):
         self.keys.append(keys)
         return doc
 
+    def _key_matrix(self) -> np.ndarray:
+        return np.asarray(self.keys, dtype=np.uint64).reshape(len(self.doc_ids), self.hasher.bands + 2)
+
     def keys_npz_bytes(self) -> bytes:
         buffer = io.BytesIO()
-        np.savez(
-            buffer,
-            doc_ids=np.asarray(self.doc_ids, dtype=np.uint64),
-            keys=np.asarray(self.keys, dtype=np.uint64).reshape(len(self.doc_ids), self.hasher.bands + 2),
-        )
+        np.savez(buffer, doc_ids=np.asarray(self.doc_ids, dtype=np.uint64), keys=self._key_matrix())
         return buffer.getvalue()
+
+    def key_column_npy_bytes(self) -> list[bytes]:
+        """Per key column, an (n, 2) uint64 array of (doc id, key) in doc-id order: all that a
+        dedup partition of that column reads of this input (layout.dedup_keys)."""
+        keys = self._key_matrix()
+        pairs = np.empty((len(self.doc_ids), 2), dtype=np.uint64)
+        pairs[:, 0] = np.asarray(self.doc_ids, dtype=np.uint64)
+        columns = []
+        for column in range(keys.shape[1]):
+            pairs[:, 1] = keys[:, column]
+            buffer = io.BytesIO()
+            np.save(buffer, pairs)
+            columns.append(buffer.getvalue())
+        return columns
 
     def signatures_npy_bytes(self) -> bytes:
         buffer = io.BytesIO()
@@ -142,6 +156,8 @@ def process_input(store: Store, config: DataprepConfig, uri: str, input_index: i
                 "warc_date": doc.metadata.get("warc_date", ""),
             })
     store.write_bytes(layout.signatures(input_index), minhash_step.signatures_npy_bytes())
+    for column, data in enumerate(minhash_step.key_column_npy_bytes()):
+        store.write_bytes(layout.dedup_keys(input_index, column), data)
     store.write_bytes(layout.minhash(input_index), minhash_step.keys_npz_bytes())
     seconds = time.perf_counter() - started
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
