@@ -3,6 +3,7 @@ what a partition reads of the per-input stage's output."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import subprocess
@@ -132,6 +133,14 @@ def test_partition_plan_covers_bands_slices_and_exact_keys():
     assert plan.count == 14
     assert described[:3] == [(0, KIND_NEAR, 0), (0, KIND_NEAR, 1), (0, KIND_NEAR, 2)]
     assert described[-2:] == [(4, KIND_URL, 0), (5, KIND_CONTENT, 0)]
+
+
+def test_without_near_duplicate_dedup_the_exact_keys_are_still_the_url_and_content_columns():
+    """minhash.enabled=false drops the band partitions, not the band-key columns the per-input stage writes."""
+    plan = PartitionPlan.from_config(MinHashConfig(enabled=False))
+    bands, _ = lsh_params(MinHashConfig())
+    assert plan.count == 2
+    assert [plan.describe(p) for p in range(2)] == [(bands, KIND_URL, 0), (bands + 1, KIND_CONTENT, 0)]
 
 
 def test_signatures_from_another_config_are_refused(tmp_path):
@@ -272,3 +281,17 @@ def test_an_input_rerun_after_a_kill_rewrites_its_key_files(dedup_inputs, tmp_pa
     assert (out / layout.dedup_keys(0, 0)).stat().st_mtime_ns == kept_before
     assert _edges(out, config, n) == reference
     assert sum(np.load(out / layout.edges(p)).shape[0] for p in reference) > 0
+
+
+def test_exact_dedup_without_near_duplicate_dedup_finds_the_url_and_content_edges(dedup_inputs, tmp_path):
+    """With minhash.enabled=false the URL and content partitions read their own key columns, and find
+    the edges they find beside near-duplicate dedup (not band-key collisions named duplicate URLs)."""
+    on = DataprepConfig.model_validate(_NO_FILTERS)
+    off = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"enabled": False}})
+    n = len(dedup_inputs)
+    _prepare(tmp_path / "on", dedup_inputs, on)
+    _prepare(tmp_path / "off", dedup_inputs, off)
+    plan = PartitionPlan.from_config(on.minhash)
+    exact = [edges for p, edges in _edges(tmp_path / "on", on, n).items() if plan.describe(p)[1] != KIND_NEAR]
+    assert list(_edges(tmp_path / "off", off, n).values()) == exact
+    assert all(len(np.load(io.BytesIO(edges))) for edges in exact)  # the corpus has a copy and a repeated URL

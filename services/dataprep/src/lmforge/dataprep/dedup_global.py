@@ -38,11 +38,14 @@ KIND_REASONS = {KIND_CONTENT: "duplicate_content", KIND_URL: "duplicate_url", KI
 class PartitionPlan:
     bands: int
     partitions_per_band: int
+    # The band-key columns before the URL and content keys in the key files: the per-input stage
+    # writes them whether or not near-duplicate dedup runs (then `bands`, its partitions, is 0).
+    key_bands: int | None = None
 
     @classmethod
     def from_config(cls, config: MinHashConfig) -> PartitionPlan:
-        bands, _ = lsh_params(config) if config.enabled else (0, 0)
-        return cls(bands, config.partitions_per_band)
+        key_bands, _ = lsh_params(config)
+        return cls(key_bands if config.enabled else 0, config.partitions_per_band, key_bands)
 
     @property
     def count(self) -> int:
@@ -53,7 +56,8 @@ class PartitionPlan:
         band_partitions = self.bands * self.partitions_per_band
         if partition < band_partitions:
             return partition // self.partitions_per_band, KIND_NEAR, partition % self.partitions_per_band
-        column = self.bands + (partition - band_partitions)  # bands..: url key, then content key
+        first_exact = self.bands if self.key_bands is None else self.key_bands
+        column = first_exact + (partition - band_partitions)  # after the band keys: url key, then content key
         return column, KIND_URL if partition == band_partitions else KIND_CONTENT, 0
 
 
