@@ -103,7 +103,6 @@ def build_pipeline_model(model: GPT, parallel: ParallelSection, ctx: Dist, grad_
                          float8: Float8Section | None = None) -> PipelineModel:
     """Splits the built model (the same on every rank) into this rank's chunks, parallelizes each
     (cp, tp, activation checkpointing, FSDP/HSDP) and builds the schedule."""
-    refuse_unrunnable_pipeline(model.config, parallel, ctx.layout)  # again: model.init_from's shape is known now
 
     def parallelize_chunk(chunk: nn.Module) -> None:
         parallelize(chunk, parallel, ctx, float8=float8)  # in place: no DDP or compile wrapper with a pipeline

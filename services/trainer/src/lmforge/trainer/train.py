@@ -34,7 +34,7 @@ from lmforge.trainer.data_sync import sync_sources
 from lmforge.trainer.expert_parallel_layout import clip_gradients_expert_parallel, expert_parallel_problems
 from lmforge.trainer.float8 import precompute_float8_scales, refuse_unsupported_float8
 from lmforge.trainer.init_from import initial_weights, load_initial_state
-from lmforge.trainer.mesh_layout import trainer_layout
+from lmforge.trainer.mesh_layout import MeshLayout, trainer_layout
 from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_bytes
 from lmforge.trainer.optim import build_optimizer, learning_rate
 from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
@@ -161,15 +161,25 @@ def refuse_unsplittable_model(config: TrainConfig) -> None:
     """A model the layout does not divide (heads by tp, the sequence by 2·cp, …) fails before any process
     group work, naming the axis (init_from's shape and the data's vocabulary are checked when the model is built)."""
     layout = trainer_layout(config.parallel, int(os.environ.get("WORLD_SIZE", "1")))
-    model_config = None if config.model.init_from else config.model.build()
-    problems = context_parallel_problems(layout.cp, layout.tp, config.data.seq_len, model_config)
-    if model_config is not None:
-        problems += [*tensor_parallel_problems(model_config, layout.tp, config.data.seq_len, vocabulary=False),
-                     *expert_parallel_problems(model_config, layout)]
+    if config.model.init_from:
+        problems = context_parallel_problems(layout.cp, layout.tp, config.data.seq_len, None)
+        if problems:
+            raise ConfigError(problems[0])
+        return
+    refuse_model_the_layout_cannot_split(config.model.build(), config, layout, vocabulary=False)
+
+
+def refuse_model_the_layout_cannot_split(model_config: GPTConfig, config: TrainConfig, layout: MeshLayout, *,
+                                         vocabulary: bool = True) -> None:
+    """ConfigError (one line, naming the axis) for the first axis the model does not divide: heads, kv heads
+    and sequence by tp, the sequence by 2·cp, the experts by ep, the layers by the pipeline's chunks."""
+    seq_len = config.data.seq_len
+    problems = [*tensor_parallel_problems(model_config, layout.tp, seq_len, vocabulary=vocabulary),
+                *context_parallel_problems(layout.cp, layout.tp, seq_len, model_config),
+                *expert_parallel_problems(model_config, layout)]
     if problems:
         raise ConfigError(problems[0])
-    if model_config is not None:
-        refuse_unrunnable_pipeline(model_config, config.parallel, layout)
+    refuse_unrunnable_pipeline(model_config, config.parallel, layout)
 
 
 class Trainer:
@@ -225,11 +235,8 @@ class Trainer:
         if self.initial_state is not None:
             load_initial_state(model, self.initial_state)
             self.initial_state = None
-        problems = [*tensor_parallel_problems(model_config, ctx.layout.tp, self.config.data.seq_len),
-                    *context_parallel_problems(ctx.layout.cp, ctx.layout.tp, self.config.data.seq_len, model_config),
-                    *expert_parallel_problems(model_config, ctx.layout)]
-        if problems:
-            raise ConfigError(problems[0])
+        # again, with the vocabulary and model.init_from's shape known now
+        refuse_model_the_layout_cannot_split(model_config, self.config, ctx.layout)
         model = model.to(ctx.device)
         self.moe_stats = model.moe_stats  # on the GPT itself: DDP and compile wrap it
         n_params = model.num_params()
