@@ -14,7 +14,7 @@ def test_roundtrip_and_dtype(tmp_path, vocab, dtype):
     tokens = np.array([1, 2, 0, vocab - 1, 0], dtype=np.int64)
     path = tmp_path / "train_00000.bin"
     digest = write_shard(path, tokens, np.array([3, 5]), eot_id=0, vocab_size=vocab, tokenizer_sha256=TOK_SHA)
-    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert digest.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     header, data = open_shard(path)
     assert token_dtype(vocab) == np.dtype(dtype).newbyteorder("<")
     assert header.itemsize == np.dtype(dtype).itemsize
@@ -48,3 +48,14 @@ def test_failed_write_leaves_previous_file(tmp_path):
         write_shard(path, np.arange(10), np.array([7]), eot_id=0, vocab_size=100, tokenizer_sha256=TOK_SHA)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")] == []
+
+
+def test_block_digests_cover_the_file_in_order(tmp_path):
+    path = tmp_path / "s.bin"
+    tokens = np.arange(5000) % 1000
+    digest = write_shard(path, tokens, np.array([5000]), eot_id=0, vocab_size=1000, tokenizer_sha256=TOK_SHA,
+                         block_bytes=4096)
+    raw = path.read_bytes()
+    expected = [hashlib.sha256(raw[i : i + 4096]).hexdigest() for i in range(0, len(raw), 4096)]
+    assert list(digest.block_sha256) == expected and len(expected) == 3  # 11024 bytes: the last block short
+    assert digest.manifest_fields()["block_bytes"] == 4096

@@ -26,7 +26,7 @@ def make_output(root: Path, shard_sizes: list[int], *, tokenizer_sha: str = "ab"
         (root / "shards").mkdir(parents=True, exist_ok=True)
         digest = write_shard(root / rel, tokens, np.array([size]), eot_id=0, vocab_size=65536,
                              tokenizer_sha256=tokenizer_sha)
-        entries.append({"path": rel, "split": split, "tokens": size, "sha256": digest})
+        entries.append({"path": rel, "split": split, "tokens": size, "sha256": digest.sha256})
     manifest = {"shards": entries, "tokenizer": {"sha256": tokenizer_sha, "vocab_size": 65536}}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root

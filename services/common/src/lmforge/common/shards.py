@@ -16,6 +16,10 @@ A shard `NAME.bin` is a 1024-byte header followed by little-endian tokens:
 Documents are separated by the end-of-text token (each document is followed by one).
 `NAME.idx` holds the uint64 token offsets at which each document ends (exclusive), so
 readers can find document boundaries without scanning.
+
+The manifest lists each shard's sha256 and the sha256 of each BLOCK_BYTES block of the .bin
+file (from byte 0; the last block may be short), so a reader that fetches byte ranges from an
+object store can verify every block it fetches without downloading the whole shard.
 """
 
 from __future__ import annotations
@@ -35,6 +39,44 @@ MAGIC = b"LMFSHARD"
 FORMAT_VERSION = 1
 HEADER_BYTES = 1024
 _HEADER = struct.Struct("<8sIIQQII32s")
+BLOCK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class ShardDigest:
+    """sha256 of a shard's .bin file, whole and per block of `block_bytes`."""
+
+    sha256: str
+    block_bytes: int
+    block_sha256: tuple[str, ...]
+
+    def manifest_fields(self) -> dict:
+        return {"sha256": self.sha256, "block_bytes": self.block_bytes, "block_sha256": list(self.block_sha256)}
+
+
+class _BlockHasher:
+    def __init__(self, block_bytes: int):
+        self.block_bytes = block_bytes
+        self.whole = hashlib.sha256()
+        self.blocks: list[str] = []
+        self._block = hashlib.sha256()
+        self._in_block = 0
+
+    def update(self, data: bytes) -> None:
+        self.whole.update(data)
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), self.block_bytes - self._in_block)
+            self._block.update(view[:take])
+            self._in_block += take
+            view = view[take:]
+            if self._in_block == self.block_bytes:
+                self.blocks.append(self._block.hexdigest())
+                self._block, self._in_block = hashlib.sha256(), 0
+
+    def digest(self) -> ShardDigest:
+        blocks = self.blocks + ([self._block.hexdigest()] if self._in_block else [])
+        return ShardDigest(self.whole.hexdigest(), self.block_bytes, tuple(blocks))
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -93,15 +135,16 @@ def write_shard(
     eot_id: int,
     vocab_size: int,
     tokenizer_sha256: str,
-) -> str:
-    """Atomically write `path` (+ `.idx`); return the sha256 of the .bin file."""
+    block_bytes: int = BLOCK_BYTES,
+) -> ShardDigest:
+    """Atomically write `path` (+ `.idx`); return the sha256 of the .bin file, whole and per block."""
     dtype = token_dtype(vocab_size)
     tokens = np.ascontiguousarray(tokens, dtype=dtype)
     doc_ends = np.ascontiguousarray(doc_ends, dtype="<u8")
     if len(doc_ends) and int(doc_ends[-1]) != len(tokens):
         raise ValueError("the last document end must equal the token count")
     header = ShardHeader(dtype.itemsize, len(tokens), len(doc_ends), eot_id, vocab_size, tokenizer_sha256)
-    digest = hashlib.sha256()
+    digest = _BlockHasher(block_bytes)
     path = Path(path)
     with atomic_open(path) as fh:
         for chunk in (header.pack(), tokens.tobytes()):
@@ -109,7 +152,7 @@ def write_shard(
             fh.write(chunk)
     with atomic_open(index_path(path)) as fh:
         fh.write(doc_ends.tobytes())
-    return digest.hexdigest()
+    return digest.digest()
 
 
 def index_path(path: str | Path) -> Path:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from lmforge.common.shards import token_dtype, write_shard
+from lmforge.common.shards import ShardDigest, token_dtype, write_shard
 from lmforge.common.storage import LocalStore, Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
@@ -150,11 +150,11 @@ def _flush_shard(store, config, docs: _DocTable, token_maps, tokenizer_info, spl
                              vocab_size=tokenizer_info["vocab_size"], tokenizer_sha256=tokenizer_info["sha256"])
     else:
         digest = _write_remote_shard(store, rel, tokens, ends, tokenizer_info)
-    return {"path": rel, "split": split, "tokens": int(len(tokens)), "documents": len(batch), "sha256": digest,
+    return {"path": rel, "split": split, "tokens": int(len(tokens)), "documents": len(batch), **digest.manifest_fields(),
             "index": rel.removesuffix(".bin") + ".idx"}
 
 
-def _write_remote_shard(store: Store, rel: str, tokens, ends, tokenizer_info) -> str:
+def _write_remote_shard(store: Store, rel: str, tokens, ends, tokenizer_info) -> ShardDigest:
     import shutil
     import tempfile
     from pathlib import Path

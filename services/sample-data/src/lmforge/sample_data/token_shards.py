@@ -22,7 +22,7 @@ def write_output(root: Path, shard_tokens: dict[str, list[np.ndarray]], *, vocab
             rel = f"shards/{split}_{k:05d}.bin"
             digest = write_shard(root / rel, tokens, np.array([len(tokens)]), eot_id=0, vocab_size=vocab_size,
                                  tokenizer_sha256=tokenizer_sha)
-            entries.append({"path": rel, "split": split, "tokens": int(len(tokens)), "sha256": digest})
+            entries.append({"path": rel, "split": split, "tokens": int(len(tokens)), **digest.manifest_fields()})
     manifest = {"shards": entries, "tokenizer": {"sha256": tokenizer_sha, "vocab_size": vocab_size}}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
