@@ -24,7 +24,9 @@ from lmforge.dataprep.dedup_global import (
     _components,
     _verified_pairs,
     check_minhash_config,
+    cluster,
     group_partition,
+    load_removed,
     write_minhash_config,
 )
 from lmforge.dataprep.document import Document
@@ -295,3 +297,18 @@ def test_exact_dedup_without_near_duplicate_dedup_finds_the_url_and_content_edge
     exact = [edges for p, edges in _edges(tmp_path / "on", on, n).items() if plan.describe(p)[1] != KIND_NEAR]
     assert list(_edges(tmp_path / "off", off, n).values()) == exact
     assert all(len(np.load(io.BytesIO(edges))) for edges in exact)  # the corpus has a copy and a repeated URL
+
+
+def test_cluster_writes_each_inputs_removed_ids_apart(dedup_inputs, tmp_path):
+    """Later tasks on input i read only layout.removed(i): it holds exactly that input's removals."""
+    config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2}})
+    n = len(dedup_inputs)
+    _prepare(tmp_path, dedup_inputs, config)
+    _edges(tmp_path, config, n)
+    summary = cluster(LocalStore(tmp_path), config.minhash, n)
+    per_input = [load_removed(LocalStore(tmp_path), i) for i in range(n)]
+    for i, (ids, reasons) in enumerate(per_input):
+        assert len(ids) == len(reasons)
+        assert ((ids >> np.uint64(32)) == i).all(), i
+    assert sum(len(ids) for ids, _ in per_input) == summary["removed_total"] > 0
+    assert len(per_input[0][0]) == 0 and len(per_input[1][0]) >= 4  # the first copy of each survives

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.sample_data.wet import write_sample_wet
-from tests.dataprep.helpers import manifest, run_cli
+from tests.dataprep.helpers import lineage_rows, manifest, run_cli
 
 SMALL = ["--set", "tokenizer.vocab_size=800", "--set", "shards.shard_tokens=30000", "--set", "shards.val_fraction=0.05"]
 
@@ -97,3 +97,63 @@ def test_key_range_partitions_give_the_same_result(inputs, reference, tmp_path):
     assert (out / "work" / "dedup" / "edges-0047.npy").exists()  # 16 bands x 3 slices + url + content - 1
     ref, sliced = manifest(reference), manifest(out)
     assert [s["sha256"] for s in sliced["shards"]] == [s["sha256"] for s in ref["shards"]]
+
+
+def _staged_run(inputs, out: Path, workers: int) -> None:
+    """Every stage as an Indexed Job of `workers` pods would run it: worker k of n takes its slice."""
+    for k in range(workers):
+        assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 1, *SMALL,
+                       "--worker-index", k, "--num-workers", workers) == 0
+    for stage in ("dedup", "cluster", "tokenizer", "tokenize", "shards"):
+        sliced = stage in {"dedup", "tokenize", "shards"}
+        for k in range(workers if sliced else 1):
+            slice_args = ["--workers", 1, "--worker-index", k, "--num-workers", workers] if sliced else []
+            assert run_cli(stage, "--output", out, *slice_args) == 0, stage
+    assert not (out / "manifest.json").exists()  # a slice never writes it: the report stage does
+    assert run_cli("report", "--output", out) == 0
+
+
+@pytest.mark.parametrize("workers", [2, 8])
+def test_output_is_the_same_whatever_the_number_of_workers_at_each_stage(inputs, reference, tmp_path, workers):
+    out = tmp_path / f"staged-{workers}"
+    _staged_run(inputs, out, workers)
+    assert _fingerprint(out) == _fingerprint(reference)
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(p.name for p in (reference / "shards").iterdir())
+
+
+def test_each_shard_partition_writes_only_its_own_inputs_documents(inputs, reference):
+    entries = manifest(reference)["shards"]
+    partitions = {entry["path"].split("_")[1] for entry in entries}
+    assert partitions == {f"{i:06d}" for i in range(len(inputs))}
+    for row in lineage_rows(reference):
+        assert row["doc_id"].split("-")[0] == row["shard"].split("_")[1], row  # doc id 'IIIIII-RRRRRRRR'
+
+
+def test_a_killed_shard_task_is_redone_alone(inputs, reference, tmp_path):
+    """A task killed before its completion marker leaves at most some of its own files; the rerun
+    rewrites that partition and touches nothing else."""
+    import shutil
+
+    out = tmp_path / "killed-shards"
+    shutil.copytree(reference, out)
+    (out / "manifest.json").unlink()
+    (out / "work/shards/partition-000002.json").unlink()  # the marker, written last
+    for path in (out / "shards").glob("train_000002_*"):
+        path.unlink()
+    before = {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
+    assert run_cli("shards", "--output", out, "--workers", 1) == 0
+    rewritten = {p.name for p in (out / "shards").iterdir() if before.get(p) != p.stat().st_mtime_ns}
+    assert rewritten and all(name.split("_")[1] == "000002" for name in rewritten), rewritten
+    assert _fingerprint(out) == _fingerprint(reference)
+
+
+def test_partitions_of_several_inputs_shuffle_them_together(inputs, reference, tmp_path):
+    out = tmp_path / "pairs"
+    assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 1, *SMALL,
+                   "--set", "shards.inputs_per_partition=3") == 0
+    paired, ref = manifest(out), manifest(reference)
+    assert {entry["path"].split("_")[1] for entry in paired["shards"]} == {"000000", "000001"}  # inputs 0-2, 3
+    assert paired["totals"]["documents"] == ref["totals"]["documents"]
+    assert paired["totals"]["tokens"] == ref["totals"]["tokens"]
+    first = [row for row in lineage_rows(out) if row["shard"].startswith("shards/train_000000_")]
+    assert {row["doc_id"].split("-")[0] for row in first} == {"000000", "000001", "000002"}

@@ -68,7 +68,7 @@ def test_disk_full_is_one_line_exit_4_and_a_rerun_writes_identical_shards(tmp_pa
     assert failed.returncode == 4, failed.stderr[-3000:]
     assert "Traceback" not in failed.stderr
     assert failed.stderr == ("lmforge-dataprep run: error: storage error: File too large (EFBIG): "
-                             f"{out}/shards/train_00000.bin\n")
+                             f"{out}/shards/train_000000_0000.bin\n")
     failure = [json.loads(line) for line in failed.stdout.splitlines()][-1]
     assert (failure["event"], failure["kind"], failure["errno"]) == ("failed", "OSError", "EFBIG")
 

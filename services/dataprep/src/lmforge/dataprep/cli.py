@@ -97,10 +97,17 @@ def cmd_tokenize(args, config: DataprepConfig | None) -> int:
     return 0
 
 
+def cmd_shards(args, config: DataprepConfig | None) -> int:
+    run = _open(args, config)
+    index, count = _sharding(args)
+    n_tasks = len(runner.shard_tasks(run.config, {}, run.n_inputs))
+    runner.run_shards(run, None if index is None else runner.worker_slice(n_tasks, index, count))
+    return 0
+
+
 def cmd_simple(args, config: DataprepConfig | None) -> int:
     run = _open(args, config)
-    {"cluster": runner.run_cluster, "tokenizer": runner.run_tokenizer, "shards": runner.run_shards,
-     "report": runner.run_report}[args.command](run)
+    {"cluster": runner.run_cluster, "tokenizer": runner.run_tokenizer, "report": runner.run_report}[args.command](run)
     return 0
 
 
@@ -146,14 +153,15 @@ def build_cli() -> ServiceCli:
     # The global stages: with no --config or --set, the config the workers recorded.
     for name, handler, text in (
             ("dedup", cmd_dedup, "group one slice of the dedup partitions (LSH bands, URL, content)"),
-            ("tokenize", cmd_tokenize, "tokenize one slice of the inputs")):
+            ("tokenize", cmd_tokenize, "tokenize one slice of the inputs"),
+            ("shards", cmd_shards, "write the shards of one slice of the shard partitions (all: and manifest.json)")):
         stage = cli.command(name, handler, help=text, config="explicit")
         stage.add_argument("--output", required=True, help=OUTPUT_HELP)
         _add_sharding(stage, name)
     for name, text in (("cluster", "connected components over all dedup edges"),
                        ("tokenizer", "train the BPE tokenizer on a sample (or load tokenizer.path)"),
-                       ("shards", "shuffle, split and write shards, lineage and manifest.json"),
-                       ("report", "write report.json and report.html")):
+                       ("report", "write manifest.json (once every shard partition is written), report.json and "
+                                  "report.html")):
         stage = cli.command(name, cmd_simple, help=text, config="explicit")
         stage.add_argument("--output", required=True, help=OUTPUT_HELP)
     finalize = cli.command("finalize", cmd_finalize, config="explicit",

@@ -127,8 +127,11 @@ class TokenizerConfig(StrictModel):
 
 class ShardConfig(StrictModel):
     shard_tokens: int = Field(50_000_000, ge=1024, description="tokens per shard (documents are never split)")
-    val_fraction: float = Field(0.005, ge=0, lt=1)
+    val_fraction: float = Field(0.005, ge=0, lt=1, description="documents held out for validation, per partition")
     seed: int = 1234
+    inputs_per_partition: int = Field(
+        1, ge=1, description="consecutive inputs whose documents one shards task shuffles together and writes "
+                             "as its own shards (more: fewer, larger shards; memory and local disk grow with it)")
 
 
 class DataprepConfig(StrictModel):

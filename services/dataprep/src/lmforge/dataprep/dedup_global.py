@@ -10,7 +10,10 @@
    reads no signatures. URL and content keys are exact. Partitions are independent:
    processes or Indexed-Job pods share them.
 2. `cluster()`: connected components over all edges (scipy); in each component the
-   document with the lowest id (first in input order) survives, the others are removed.
+   document with the lowest id (first in input order) survives, the others are removed. Its
+   memory grows with the number of edges (duplicates), not of documents: documents without a
+   duplicate never enter it. It writes the removed ids per input (layout.removed), so a later
+   task on input i reads only that input's, and the summary (layout.DEDUP_STATS) last.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ def _column_keys(store: Store, i: int, column: int) -> tuple[np.ndarray, np.ndar
 def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partition: int) -> int:
     """Write the duplicate edges of one partition; returns the number of edges."""
     if store.exists(layout.edges(partition)):
-        return int(np.load(store.local_path(layout.edges(partition))).shape[0])
+        return int(np.load(io.BytesIO(store.read_bytes(layout.edges(partition)))).shape[0])
     plan = PartitionPlan.from_config(config)
     column, kind, key_slice = plan.describe(partition)
     keys_parts, ids_parts, input_parts = [], [], []
@@ -198,21 +201,25 @@ class _SignatureLookup:
         return np.stack(rows)
 
 
-def cluster(store: Store, config: MinHashConfig) -> dict:
-    """Connected components over every partition's edges; write the removed ids."""
+def cluster(store: Store, config: MinHashConfig, n_inputs: int) -> dict:
+    """Connected components over every partition's edges; write the removed ids of each input,
+    then the summary (its presence marks the task complete)."""
     plan = PartitionPlan.from_config(config)
     missing = [p for p in range(plan.count) if not store.exists(layout.edges(p))]
     if missing:
         raise InputError(f"dedup partitions not finished: {missing[:10]}{'…' if len(missing) > 10 else ''}")
-    edges = [np.load(store.local_path(layout.edges(p))) for p in range(plan.count)]
+    edges = [np.load(io.BytesIO(store.read_bytes(layout.edges(p)))) for p in range(plan.count)]
     edges = np.concatenate(edges) if edges else np.zeros((0, 3), np.uint64)
     removed_ids, reasons, clusters = _components(edges)
-    buffer = io.BytesIO()
-    np.savez(buffer, doc_ids=removed_ids, reasons=reasons)
+    owner = (removed_ids >> np.uint64(32)).astype(np.int64)  # a doc id's high 32 bits are its input
+    bounds = np.searchsorted(owner, np.arange(n_inputs + 1))  # removed_ids are sorted
+    for i in range(n_inputs):
+        buffer = io.BytesIO()
+        np.savez(buffer, doc_ids=removed_ids[bounds[i] : bounds[i + 1]], reasons=reasons[bounds[i] : bounds[i + 1]])
+        store.write_bytes(layout.removed(i), buffer.getvalue())
     counts = {KIND_REASONS[k]: int(np.sum(reasons == k)) for k in KIND_REASONS}
     summary = {"clusters": clusters, "removed": counts, "edges": int(edges.shape[0]),
                "removed_total": int(len(removed_ids))}
-    store.write_bytes(layout.DEDUP_REMOVED, buffer.getvalue())
     store.write_text(layout.DEDUP_STATS, json.dumps(summary, indent=1))
     return summary
 
@@ -236,6 +243,11 @@ def _components(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return nodes[removed_mask], kinds[removed_mask], int(count)
 
 
-def load_removed(store: Store) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(io.BytesIO(store.read_bytes(layout.DEDUP_REMOVED))) as data:
+def load_removed(store: Store, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """(doc ids, reasons) of input i's documents that dedup removed, the ids sorted."""
+    if not store.exists(layout.removed(i)) and store.exists(layout.LEGACY_DEDUP_REMOVED):
+        with np.load(io.BytesIO(store.read_bytes(layout.LEGACY_DEDUP_REMOVED))) as data:  # an older run's
+            mine = (data["doc_ids"] >> np.uint64(32)) == i
+            return data["doc_ids"][mine], data["reasons"][mine]
+    with np.load(io.BytesIO(store.read_bytes(layout.removed(i)))) as data:
         return data["doc_ids"], data["reasons"]

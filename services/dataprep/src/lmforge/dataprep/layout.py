@@ -14,7 +14,7 @@ TOKENIZER = "tokenizer.json"
 MANIFEST = "manifest.json"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
-DEDUP_REMOVED = "work/dedup/removed.npz"
+LEGACY_DEDUP_REMOVED = "work/dedup/removed.npz"  # every removed id in one file, before issue 19
 DEDUP_STATS = "work/stats/global_dedup.json"
 TOKENIZER_STATS = "work/stats/global_tokenizer.json"
 SHARD_STATS = "work/stats/global_shards.json"
@@ -59,6 +59,12 @@ def edges(partition: int) -> str:
     return f"work/dedup/edges-{partition:04d}.npy"
 
 
+def removed(i: int) -> str:
+    """Input i's documents that global dedup removed (doc ids, reasons), written by the cluster task:
+    the only part of the duplicate clusters a task on input i reads."""
+    return f"work/dedup/removed/{i:06d}.npz"
+
+
 def tokens(i: int) -> str:
     return f"work/tokens/{i:06d}.bin"
 
@@ -75,9 +81,14 @@ def tokenize_done(i: int) -> str:
     return f"work/done/tokenize-{i:06d}"
 
 
-def shard(split: str, k: int) -> str:
-    return f"shards/{split}_{k:05d}.bin"
+def shard(split: str, partition: int, k: int) -> str:
+    return f"shards/{split}_{partition:06d}_{k:04d}.bin"
 
 
-def lineage(split: str, k: int) -> str:
-    return f"lineage/{split}_{k:05d}.parquet"
+def lineage(split: str, partition: int, k: int) -> str:
+    return f"lineage/{split}_{partition:06d}_{k:04d}.parquet"
+
+
+def shard_entries(partition: int) -> str:
+    """The manifest entries of one shard partition's shards; written last, it marks the task done."""
+    return f"work/shards/partition-{partition:06d}.json"

@@ -24,6 +24,7 @@ from lmforge.common.config import dump_config
 from lmforge.common.storage import LocalStore, Store, local_path_of, scheme_of
 from lmforge.dataprep import layout
 from lmforge.dataprep.dedup_global import KIND_NEAR, PartitionPlan
+from lmforge.dataprep.shard_writer import partitions
 from lmforge.dataprep.stats import StepStats, merge_stats
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
 from lmforge.dataprep.timings import PHASES, phase_summary, read_timings
@@ -212,7 +213,8 @@ def _dedup(run: Run, by_name: dict[str, StepStats], dedup: dict) -> dict:
 
 
 def _workers(run: Run, input_summaries: list[dict], tokenize_summaries: list[dict], records: list[dict]) -> list[dict]:
-    """One row per task (an input's filter pass, an input's tokenization) and per main process and phase."""
+    """One row per task (an input's filter pass, an input's tokenization, a shard partition) and per
+    main process and phase."""
     rows = []
     for summary in input_summaries:
         read = next((s for s in summary["steps"] if s["name"] == "read"), {"counters": {}})
@@ -226,6 +228,15 @@ def _workers(run: Run, input_summaries: list[dict], tokenize_summaries: list[dic
         rows.append({"phase": "tokenize", "task": "tokenize",
                      "input": display_path(run.inputs[summary["input_index"]], run.store),
                      "seconds": summary["seconds"], "peak_rss_bytes": summary.get("peak_rss_bytes", 0),
+                     "docs_kept": None, "error": None, "problems": {}})
+    for partition in range(len(partitions(run.n_inputs, run.config.shards.inputs_per_partition))):
+        summary = json.loads(run.store.read_text(layout.shard_entries(partition)))
+        first, stop = summary["inputs"]
+        inputs = display_path(run.inputs[first], run.store)
+        if stop - first > 1:
+            inputs += f" … ({stop - first} inputs)"
+        rows.append({"phase": "shards", "task": f"shards {partition}", "input": inputs,
+                     "seconds": summary["seconds"], "peak_rss_bytes": summary["peak_rss_bytes"],
                      "docs_kept": None, "error": None, "problems": {}})
     for record in records:
         rows.append({"phase": record["phase"], "task": "main process", "input": None,

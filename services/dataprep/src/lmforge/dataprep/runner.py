@@ -1,6 +1,6 @@
 """Runs the data-prep phases, locally (a process pool) or as one worker of an Indexed Job.
 
-The parallel phases (inputs, dedup, tokenize) build their task list once (tasks.py); a worker
+The parallel phases (inputs, dedup, tokenize, shards) build their task list once (tasks.py); a worker
 given indices runs those tasks of it (worker_slice), a local run all of them, and the run's
 executor (executor.py: inline, or a pool of spawned processes) runs the ones not yet complete.
 
@@ -9,11 +9,16 @@ Phases and their completion markers (a rerun skips what is complete):
             dedup keys (one file per key column)                → work/done/input-*
   dedup     per partition (LSH band / URL / content), from its
             column's key files only: edges                      → work/dedup/edges-*.npy
-  cluster   connected components → removed ids                → work/dedup/removed.npz
+  cluster   connected components → removed ids per input      → work/stats/global_dedup.json
   tokenizer train or load                                      → tokenizer.json
   tokenize  per input: tokens + index + dedup rejects          → work/done/tokenize-*
-  shards    shuffle, split, shards, lineage                     → manifest.json (last)
+  shards    per shard partition (inputs_per_partition inputs):
+            shuffle, split, shards, lineage                     → work/shards/partition-*.json
+  manifest  every partition's shards                            → manifest.json
   report    report.json + report.html
+Nothing after the per-input stage reads more than its own partition's files, except cluster
+(every edge: its memory grows with the duplicates, not the documents) and the tokenizer
+(its bounded sample). Output does not depend on how many workers or processes ran a phase.
 Every process records its part of each phase it worked on (wall-clock, CPU, peak RSS) under
 work/timings/ (timings.py); the report adds them up per phase.
 """
@@ -34,12 +39,13 @@ from lmforge.common.storage import LocalStore, Store, expand_inputs, input_size,
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import PartitionPlan as PartitionPlan  # cli.py sizes dedup slices with it
-from lmforge.dataprep.dedup_global import check_minhash_config, cluster, load_removed, write_minhash_config
+from lmforge.dataprep.dedup_global import check_minhash_config, cluster, write_minhash_config
 from lmforge.dataprep.executor import Executor, local_executor
 from lmforge.dataprep.progress import Progress
-from lmforge.dataprep.shard_writer import write_shards
+from lmforge.dataprep.shard_writer import write_manifest
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
 from lmforge.dataprep.tasks import Task, input_tasks, partition_tasks, tokenize_tasks
+from lmforge.dataprep.tasks import shard_tasks as shard_tasks  # cli.py counts shard tasks with it
 from lmforge.dataprep.timings import timed_phase
 from lmforge.dataprep.tokenize import prepare_tokenizer
 
@@ -207,11 +213,11 @@ def run_dedup(run: Run, indices: Iterable[int] | None = None) -> None:
 
 
 def run_cluster(run: Run) -> dict:
-    if run.store.exists(layout.DEDUP_REMOVED) and run.store.exists(layout.DEDUP_STATS):
+    if run.store.exists(layout.DEDUP_STATS):
         return json.loads(run.store.read_text(layout.DEDUP_STATS))
     started = time.perf_counter()
     with timed_phase(run.store, "dedup", 1):
-        summary = cluster(run.store, run.config.minhash)
+        summary = cluster(run.store, run.config.minhash, run.n_inputs)
         summary["seconds"] = round(time.perf_counter() - started, 4)
         run.store.write_text(layout.DEDUP_STATS, json.dumps(summary, indent=1))
     run.log.info("dedup_clusters", **summary)
@@ -227,11 +233,10 @@ def _kept_bytes(run: Run) -> int:
 
 
 def run_tokenizer(run: Run) -> dict:
-    if not run.store.exists(layout.DEDUP_REMOVED):
+    if not run.store.exists(layout.DEDUP_STATS):
         raise InputError("dedup clusters not computed yet: run the cluster stage first")
     with timed_phase(run.store, "tokenizer", 0 if run.store.exists(layout.TOKENIZER_STATS) else 1):
-        removed, _ = load_removed(run.store)
-        info = prepare_tokenizer(run.store, run.config, run.n_inputs, removed, _kept_bytes(run))
+        info = prepare_tokenizer(run.store, run.config, run.n_inputs, _kept_bytes(run))
     run.log.info("tokenizer_ready", **info)
     return info
 
@@ -252,14 +257,28 @@ def run_tokenize(run: Run, indices: Iterable[int] | None = None) -> None:
     progress.close()
 
 
-def run_shards(run: Run) -> dict:
-    if run.store.exists(layout.MANIFEST):
+def run_shards(run: Run, indices: Iterable[int] | None = None) -> dict | None:
+    """The shard partitions at `indices` (all when None: then manifest.json too, returned)."""
+    if indices is None and run.store.exists(layout.MANIFEST):
         return json.loads(run.store.read_text(layout.MANIFEST))
     missing = [i for i in range(run.n_inputs) if not run.store.exists(layout.tokenize_done(i))]
     if missing:
         raise InputError(f"{len(missing)} input(s) not tokenized yet: run the tokenize stage first")
+    chosen = _chosen(shard_tasks(run.config, _tokenizer_info(run), run.n_inputs), indices)
+    pending = _pending(run, chosen)
+    run.log.info("phase_start", phase="shards", partitions=len(chosen), pending=len(pending))
+    progress = Progress(run.log, "shards", len(pending), unit="partitions")
+    with timed_phase(run.store, "shards", len(pending)):
+        _execute(run, pending, progress)
+    progress.close()
+    return run_manifest(run) if indices is None else None
+
+
+def run_manifest(run: Run) -> dict:
+    if run.store.exists(layout.MANIFEST):
+        return json.loads(run.store.read_text(layout.MANIFEST))
     with timed_phase(run.store, "shards", 1):
-        manifest = write_shards(run.store, run.config, run.n_inputs, _tokenizer_info(run), run.inputs)
+        manifest = write_manifest(run.store, run.config, run.n_inputs, _tokenizer_info(run), run.inputs)
     run.log.info("shards_written", shards=len(manifest["shards"]), **manifest["totals"])
     return manifest
 
@@ -267,8 +286,7 @@ def run_shards(run: Run) -> dict:
 def run_report(run: Run) -> str:
     from lmforge.dataprep.report import write_report
 
-    if not run.store.exists(layout.MANIFEST):
-        raise InputError("manifest.json not written yet: run the shards stage first")
+    run_manifest(run)
     write_report(run)
     path = run.store.join(layout.REPORT_HTML)
     run.log.info("report_written", report=path, json=run.store.join(layout.REPORT_JSON))

@@ -5,6 +5,7 @@ documents shown, whatever the size of the run."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from typing import TextIO
@@ -38,13 +39,20 @@ def reservoir(rows: Iterator[dict], k: int, rng: random.Random) -> tuple[list[di
     return chosen, seen
 
 
+def _kept_rows(store: Store, columns: list[str]) -> Iterator[dict]:
+    """Documents the filters kept, less those dedup removed (once dedup has run), input by input."""
+    deduplicated = store.exists(layout.DEDUP_STATS)
+    for i in range(len(json.loads(store.read_text(layout.INPUTS)))):
+        if not store.exists(layout.docs(i)):
+            continue
+        removed = set(load_removed(store, i)[0].tolist()) if deduplicated else set()
+        yield from (row for row in _rows(store, layout.docs(i), columns) if row["doc_id"] not in removed)
+
+
 def print_sample(output: str, n: int, seed: int, chars: int, out: TextIO) -> None:
     store = open_store(output)
     rng = random.Random(seed)
-    removed = set(load_removed(store)[0].tolist()) if store.exists(layout.DEDUP_REMOVED) else set()
-    kept_rows = (row for row in _rows(store, "work/docs", ["doc_id", "url", "text", "language"])
-                 if row["doc_id"] not in removed)
-    kept, n_kept_total = reservoir(kept_rows, (n + 1) // 2, rng)
+    kept, n_kept_total = reservoir(_kept_rows(store, ["doc_id", "url", "text", "language"]), (n + 1) // 2, rng)
     dropped, n_dropped_total = reservoir(_rows(store, "rejects", ["url", "stage", "reason", "text_preview"]),
                                          n - len(kept), rng)
     for row in kept:

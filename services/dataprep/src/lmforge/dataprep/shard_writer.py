@@ -1,6 +1,14 @@
-"""Shard writing: a seeded document-level shuffle over every tokenized document, a
-train/val split, shards of about `shard_tokens` tokens (documents are never split), the
-lineage index (document → shard, offset) and manifest.json, written last."""
+"""Shard writing, one independent task per shard partition (a run of consecutive inputs,
+`shards.inputs_per_partition` of them): a seeded document-level shuffle of the partition's
+tokenized documents, a train/val split, shards of about `shard_tokens` tokens (documents are
+never split) and their lineage (document → shard, offset). Each partition's manifest entries
+go to layout.shard_entries, written last; `write_manifest` then lists every partition's
+shards, in partition order, in manifest.json.
+
+A partition's shards depend only on its inputs, the config and the partition's index, so the
+output is the same whatever the number of workers or processes. The global mix across
+partitions is the trainer's: its sampler draws sequences from every shard by a keyed
+permutation of (seed, epoch, step, rank) (lmforge.trainer.data)."""
 
 from __future__ import annotations
 
@@ -11,12 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from lmforge.common.errors import InputError
 from lmforge.common.shards import ShardDigest, token_dtype, write_shard
 from lmforge.common.storage import LocalStore, Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.document import format_doc_id
 from lmforge.dataprep.parquet_io import LINEAGE_SCHEMA, ParquetRowWriter
+from lmforge.dataprep.stats import peak_rss_bytes
 from lmforge.dataprep.tokenize import read_token_index
 
 MANIFEST_FORMAT = "lmforge-shards"
@@ -49,9 +59,9 @@ class _DocTable:
         return ids, urls, hashes
 
 
-def _load_doc_table(store: Store, n_inputs: int) -> _DocTable:
+def _load_doc_table(store: Store, inputs_of_partition: range) -> _DocTable:
     inputs, rows, starts, counts, indexes = [], [], [], [], {}
-    for i in range(n_inputs):
+    for i in inputs_of_partition:
         table = read_token_index(store, i)
         indexes[i] = table
         inputs.append(np.full(table.num_rows, i, dtype=np.int32))
@@ -66,7 +76,7 @@ def _load_doc_table(store: Store, n_inputs: int) -> _DocTable:
                      indexes)
 
 
-def split_order(n_docs: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_order(n_docs: int, val_fraction: float, seed) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) document positions, shuffled with `seed`. Val gets round(n·fraction)
     documents, at least one when the fraction is positive and there are ≥ 2 documents."""
     order = np.random.default_rng(seed).permutation(n_docs)
@@ -76,18 +86,49 @@ def split_order(n_docs: int, val_fraction: float, seed: int) -> tuple[np.ndarray
     return order[n_val:], order[:n_val]
 
 
-def write_shards(store: Store, config: DataprepConfig, n_inputs: int, tokenizer_info: dict,
-                 inputs: list[str]) -> dict:
-    """Write all shards, lineage and finally manifest.json; return the manifest."""
+def partitions(n_inputs: int, inputs_per_partition: int) -> list[range]:
+    """The inputs of each shard partition, in order."""
+    return [range(first, min(first + inputs_per_partition, n_inputs))
+            for first in range(0, n_inputs, inputs_per_partition)]
+
+
+def write_partition_shards(store: Store, config: DataprepConfig, tokenizer_info: dict, partition: int,
+                           inputs_of_partition: range) -> dict:
+    """Write one partition's shards and lineage, then its manifest entries; return them with stats."""
+    if store.exists(layout.shard_entries(partition)):
+        return json.loads(store.read_text(layout.shard_entries(partition)))
     started = time.perf_counter()
-    docs = _load_doc_table(store, n_inputs)
-    token_maps = {i: np.memmap(store.local_path(layout.tokens(i)), dtype=token_dtype(tokenizer_info["vocab_size"]),
-                               mode="r")
-                  for i in range(n_inputs) if store.local_path(layout.tokens(i)).stat().st_size}
-    train, val = split_order(len(docs), config.shards.val_fraction, config.shards.seed)
-    entries = []
-    for split, positions in (("train", train), ("val", val)):
-        entries.extend(_write_split(store, config, docs, token_maps, tokenizer_info, split, positions))
+    docs = _load_doc_table(store, inputs_of_partition)
+    dtype = token_dtype(tokenizer_info["vocab_size"])
+    token_maps = {}
+    for i in inputs_of_partition:
+        path = store.local_path(layout.tokens(i))
+        if path.stat().st_size:
+            token_maps[i] = np.memmap(path, dtype=dtype, mode="r")
+    seed = np.random.SeedSequence([config.shards.seed, partition])
+    train, val = split_order(len(docs), config.shards.val_fraction, seed)
+    writer = _PartitionWriter(store, config, docs, token_maps, tokenizer_info, partition)
+    entries = {split: writer.write_split(split, positions) for split, positions in (("train", train), ("val", val))}
+    result = {"partition": partition, "inputs": [inputs_of_partition.start, inputs_of_partition.stop],
+              "entries": entries, "documents": len(docs), "tokens": int(docs.token_count.sum(dtype=np.int64)),
+              "seconds": round(time.perf_counter() - started, 4), "peak_rss_bytes": peak_rss_bytes()}
+    store.write_text(layout.shard_entries(partition), json.dumps(result, indent=1))
+    return result
+
+
+def write_manifest(store: Store, config: DataprepConfig, n_inputs: int, tokenizer_info: dict,
+                   inputs: list[str]) -> dict:
+    """manifest.json over every partition's shards (train, then val; each in partition order)."""
+    started = time.perf_counter()
+    parts = partitions(n_inputs, config.shards.inputs_per_partition)
+    missing = [p for p in range(len(parts)) if not store.exists(layout.shard_entries(p))]
+    if missing:
+        raise InputError(f"{len(missing)} shard partition(s) not written yet (e.g. {missing[:5]}): "
+                         "run the shards stage first")
+    results = [json.loads(store.read_text(layout.shard_entries(p))) for p in range(len(parts))]
+    entries = [entry for split in ("train", "val") for result in results for entry in result["entries"][split]]
+    documents = sum(result["documents"] for result in results)
+    tokens = sum(result["tokens"] for result in results)
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -95,63 +136,71 @@ def write_shards(store: Store, config: DataprepConfig, n_inputs: int, tokenizer_
         "shards": entries,
         "tokenizer": {k: tokenizer_info[k] for k in ("path", "sha256", "vocab_size", "eot_token", "eot_id")},
         "totals": {
-            "documents": len(docs),
-            "tokens": int(docs.token_count.sum(dtype=np.int64)),
+            "documents": documents,
+            "tokens": tokens,
             "train_tokens": int(sum(e["tokens"] for e in entries if e["split"] == "train")),
             "val_tokens": int(sum(e["tokens"] for e in entries if e["split"] == "val")),
         },
         "config": config.model_dump(mode="json"),
         "inputs": inputs,
     }
-    stats = {"seconds": round(time.perf_counter() - started, 4), "shards": len(entries),
-             "documents": len(docs), "tokens": manifest["totals"]["tokens"]}
+    stats = {"seconds": round(sum(r["seconds"] for r in results) + time.perf_counter() - started, 4),
+             "shards": len(entries), "partitions": len(parts), "documents": documents, "tokens": tokens}
     store.write_text(layout.SHARD_STATS, json.dumps(stats, indent=1))
     store.write_text(layout.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
 
-def _write_split(store, config, docs: _DocTable, token_maps, tokenizer_info, split, positions) -> list[dict]:
-    entries = []
-    shard_index = 0
-    batch: list[int] = []
-    batch_tokens = 0
-    limit = config.shards.shard_tokens
-    for position in positions.tolist():
-        count = int(docs.token_count[position])
-        if batch and batch_tokens + count > limit:
-            entries.append(_flush_shard(store, config, docs, token_maps, tokenizer_info, split, shard_index, batch))
-            shard_index += 1
-            batch, batch_tokens = [], 0
-        batch.append(position)
-        batch_tokens += count
-    if batch:
-        entries.append(_flush_shard(store, config, docs, token_maps, tokenizer_info, split, shard_index, batch))
-    return entries
+@dataclass
+class _PartitionWriter:
+    store: Store
+    config: DataprepConfig
+    docs: _DocTable
+    token_maps: dict[int, np.ndarray]
+    tokenizer_info: dict
+    partition: int
 
+    def write_split(self, split: str, positions: np.ndarray) -> list[dict]:
+        entries: list[dict] = []
+        batch: list[int] = []
+        batch_tokens = 0
+        limit = self.config.shards.shard_tokens
+        for position in positions.tolist():
+            count = int(self.docs.token_count[position])
+            if batch and batch_tokens + count > limit:
+                entries.append(self._flush(split, len(entries), batch))
+                batch, batch_tokens = [], 0
+            batch.append(position)
+            batch_tokens += count
+        if batch:
+            entries.append(self._flush(split, len(entries), batch))
+        return entries
 
-def _flush_shard(store, config, docs: _DocTable, token_maps, tokenizer_info, split, shard_index, batch) -> dict:
-    counts = docs.token_count[batch]
-    ends = np.cumsum(counts)
-    tokens = np.empty(int(ends[-1]), dtype=token_dtype(tokenizer_info["vocab_size"]))
-    cursor = 0
-    rel = layout.shard(split, shard_index)
-    doc_ids, urls, hashes = docs.lineage_columns(batch)
-    with ParquetRowWriter(store, layout.lineage(split, shard_index), LINEAGE_SCHEMA,
-                          config.parquet_row_group_docs) as lineage:
-        for slot, (position, count) in enumerate(zip(batch, counts.tolist())):
-            start = int(docs.token_start[position])
-            tokens[cursor : cursor + count] = token_maps[int(docs.input_index[position])][start : start + count]
-            lineage.add({"doc_id": format_doc_id(doc_ids[slot]), "url": urls[slot],
-                         "content_sha256": hashes[slot], "shard": rel,
-                         "token_offset": cursor, "token_count": count - 1})  # count without end-of-text
-            cursor += count
-    if isinstance(store, LocalStore):
-        digest = write_shard(store.local_path(rel), tokens, ends, eot_id=tokenizer_info["eot_id"],
-                             vocab_size=tokenizer_info["vocab_size"], tokenizer_sha256=tokenizer_info["sha256"])
-    else:
-        digest = _write_remote_shard(store, rel, tokens, ends, tokenizer_info)
-    return {"path": rel, "split": split, "tokens": int(len(tokens)), "documents": len(batch), **digest.manifest_fields(),
-            "index": rel.removesuffix(".bin") + ".idx"}
+    def _flush(self, split: str, shard_index: int, batch: list[int]) -> dict:
+        docs, info = self.docs, self.tokenizer_info
+        counts = docs.token_count[batch]
+        ends = np.cumsum(counts)
+        tokens = np.empty(int(ends[-1]), dtype=token_dtype(info["vocab_size"]))
+        cursor = 0
+        rel = layout.shard(split, self.partition, shard_index)
+        doc_ids, urls, hashes = docs.lineage_columns(batch)
+        with ParquetRowWriter(self.store, layout.lineage(split, self.partition, shard_index), LINEAGE_SCHEMA,
+                              self.config.parquet_row_group_docs) as lineage:
+            for slot, (position, count) in enumerate(zip(batch, counts.tolist())):
+                start = int(docs.token_start[position])
+                source = self.token_maps[int(docs.input_index[position])]
+                tokens[cursor : cursor + count] = source[start : start + count]
+                lineage.add({"doc_id": format_doc_id(doc_ids[slot]), "url": urls[slot],
+                             "content_sha256": hashes[slot], "shard": rel,
+                             "token_offset": cursor, "token_count": count - 1})  # count without end-of-text
+                cursor += count
+        if isinstance(self.store, LocalStore):
+            digest = write_shard(self.store.local_path(rel), tokens, ends, eot_id=info["eot_id"],
+                                 vocab_size=info["vocab_size"], tokenizer_sha256=info["sha256"])
+        else:
+            digest = _write_remote_shard(self.store, rel, tokens, ends, info)
+        return {"path": rel, "split": split, "tokens": int(len(tokens)), "documents": len(batch),
+                **digest.manifest_fields(), "index": rel.removesuffix(".bin") + ".idx"}
 
 
 def _write_remote_shard(store: Store, rel: str, tokens, ends, tokenizer_info) -> ShardDigest:

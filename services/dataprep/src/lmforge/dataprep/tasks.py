@@ -1,5 +1,5 @@
-"""The parallel phases' work as task lists: one task per input (inputs, tokenize) or per dedup
-partition. A task is a small picklable value that names its completion marker and runs against
+"""The parallel phases' work as task lists: one task per input (inputs, tokenize), per dedup
+partition or per shard partition. A task is a small picklable value that names its completion marker and runs against
 a store and a config; it holds nothing else, so any process can run it.
 
 A phase's list is built once, from the run's recorded inputs and config, in the same order
@@ -15,7 +15,8 @@ from typing import Any, Protocol
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
-from lmforge.dataprep.dedup_global import PartitionPlan, group_partition, load_removed
+from lmforge.dataprep.dedup_global import PartitionPlan, group_partition
+from lmforge.dataprep.shard_writer import partitions, write_partition_shards
 from lmforge.dataprep.tokenize import tokenize_input
 from lmforge.dataprep.worker import InputResult, process_input
 
@@ -71,8 +72,25 @@ class TokenizeTask:
         return layout.tokenize_done(self.index)
 
     def run(self, store: Store, config: DataprepConfig) -> dict:
-        removed, reasons = load_removed(store)
-        return tokenize_input(store, config, self.tokenizer_info, self.index, removed, reasons)
+        return tokenize_input(store, config, self.tokenizer_info, self.index)
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """The shards of one shard partition: its inputs' tokens, shuffled together (shard_writer.py)."""
+
+    tokenizer_info: dict
+    partition: int
+    first_input: int
+    stop_input: int
+
+    @property
+    def done_marker(self) -> str:
+        return layout.shard_entries(self.partition)
+
+    def run(self, store: Store, config: DataprepConfig) -> dict:
+        inputs = range(self.first_input, self.stop_input)
+        return write_partition_shards(store, config, self.tokenizer_info, self.partition, inputs)
 
 
 def input_tasks(inputs: list[str]) -> list[InputTask]:
@@ -85,3 +103,8 @@ def partition_tasks(config: DataprepConfig, n_inputs: int) -> list[PartitionTask
 
 def tokenize_tasks(tokenizer_info: dict, n_inputs: int) -> list[TokenizeTask]:
     return [TokenizeTask(tokenizer_info, i) for i in range(n_inputs)]
+
+
+def shard_tasks(config: DataprepConfig, tokenizer_info: dict, n_inputs: int) -> list[ShardTask]:
+    return [ShardTask(tokenizer_info, p, inputs.start, inputs.stop)
+            for p, inputs in enumerate(partitions(n_inputs, config.shards.inputs_per_partition))]

@@ -29,7 +29,7 @@ PHASES: dict[str, str] = {
     "dedup": "global dedup: LSH/URL/content partitions, clustering",
     "tokenizer": "tokenizer training",
     "tokenize": "tokenize",
-    "shards": "finalize: shuffle, split, shards, lineage, manifest",
+    "shards": "shards per partition: shuffle, split, shards, lineage; then the manifest",
 }
 
 

@@ -22,7 +22,7 @@ from lmforge.common.shards import token_dtype
 from lmforge.common.storage import Store, local_path_of, scheme_of
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig, TokenizerConfig
-from lmforge.dataprep.dedup_global import KIND_REASONS
+from lmforge.dataprep.dedup_global import KIND_REASONS, load_removed
 from lmforge.dataprep.parquet_io import REJECT_SCHEMA, ArrowRowWriter, ParquetRowWriter, iter_batches, open_arrow
 from lmforge.dataprep.stats import StepStats, peak_rss_bytes
 
@@ -54,12 +54,13 @@ def new_bpe_tokenizer(config: TokenizerConfig) -> tuple[Tokenizer, trainers.BpeT
     return tokenizer, trainer
 
 
-def iter_training_sample(store: Store, n_inputs: int, removed: np.ndarray, kept_bytes: int,
-                         config: TokenizerConfig, seed: int) -> Iterator[str]:
+def iter_training_sample(store: Store, n_inputs: int, kept_bytes: int, config: TokenizerConfig,
+                         seed: int) -> Iterator[str]:
     """Kept, non-duplicate documents, each taken with probability sample_bytes/kept_bytes
     decided by a hash of its id: the same sample whatever the number of workers."""
     rate = 1.0 if kept_bytes <= config.sample_bytes else config.sample_bytes / kept_bytes
     for i in range(n_inputs):
+        removed, _ = load_removed(store, i)
         for batch in iter_batches(store, layout.docs(i), columns=["doc_id", "text"]):
             ids = batch.column("doc_id").to_numpy()
             keep = ~np.isin(ids, removed, assume_unique=False)
@@ -69,8 +70,7 @@ def iter_training_sample(store: Store, n_inputs: int, removed: np.ndarray, kept_
                     yield text
 
 
-def prepare_tokenizer(store: Store, config: DataprepConfig, n_inputs: int, removed: np.ndarray,
-                      kept_bytes: int) -> dict:
+def prepare_tokenizer(store: Store, config: DataprepConfig, n_inputs: int, kept_bytes: int) -> dict:
     """Train (or copy in) tokenizer.json; returns {path, sha256, vocab_size, eot_id, sample_bytes, seconds}."""
     if store.exists(layout.TOKENIZER) and store.exists(layout.TOKENIZER_STATS):
         return json.loads(store.read_text(layout.TOKENIZER_STATS))
@@ -82,7 +82,7 @@ def prepare_tokenizer(store: Store, config: DataprepConfig, n_inputs: int, remov
         trained = False
     else:
         tokenizer, trainer = new_bpe_tokenizer(tok_config)
-        sample = iter_training_sample(store, n_inputs, removed, kept_bytes, tok_config, config.shards.seed)
+        sample = iter_training_sample(store, n_inputs, kept_bytes, tok_config, config.shards.seed)
 
         def counted(texts):
             nonlocal sample_bytes
@@ -131,12 +131,12 @@ def load_tokenizer(store: Store) -> Tokenizer:
     return Tokenizer.from_str(store.read_text(layout.TOKENIZER))
 
 
-def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, input_index: int,
-                   removed: np.ndarray, removed_reasons: np.ndarray) -> dict:
+def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, input_index: int) -> dict:
     """Tokenize the kept, non-duplicate documents of one input; write their tokens, an
     index (doc → token range) and the dedup rejects of that input."""
     if store.exists(layout.tokenize_done(input_index)):
         return json.loads(store.read_text(layout.tokenize_stats(input_index)))
+    removed, removed_reasons = load_removed(store, input_index)
     started = time.perf_counter()
     tokenizer = load_tokenizer(store)
     dtype = token_dtype(tokenizer_info["vocab_size"])
