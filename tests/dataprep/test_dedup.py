@@ -29,6 +29,7 @@ from lmforge.dataprep.dedup_global import (
     load_removed,
     write_minhash_config,
 )
+from lmforge.dataprep.dedup_keys import KeyFile
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher, estimated_jaccard, lsh_params, verify_threshold
 from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter, content_key, normalize_url, url_key
@@ -132,9 +133,10 @@ def test_components_keep_the_lowest_id_and_name_the_strongest_reason():
 def test_partition_plan_covers_bands_slices_and_exact_keys():
     plan = PartitionPlan(bands=4, partitions_per_band=3)
     described = [plan.describe(p) for p in range(plan.count)]
-    assert plan.count == 14
+    assert plan.count == 18
     assert described[:3] == [(0, KIND_NEAR, 0), (0, KIND_NEAR, 1), (0, KIND_NEAR, 2)]
-    assert described[-2:] == [(4, KIND_URL, 0), (5, KIND_CONTENT, 0)]
+    assert described[-6:] == [(4, KIND_URL, 0), (4, KIND_URL, 1), (4, KIND_URL, 2),
+                              (5, KIND_CONTENT, 0), (5, KIND_CONTENT, 1), (5, KIND_CONTENT, 2)]
 
 
 def test_without_near_duplicate_dedup_the_exact_keys_are_still_the_url_and_content_columns():
@@ -161,18 +163,29 @@ _NO_FILTERS = {"langid": {"enabled": False}, "quality": {"enabled": False}, "rep
 
 
 class _RecordingStore(LocalStore):
-    """A LocalStore that records every path whose content is read."""
+    """A LocalStore that records every (path, bytes) it reads, and each ranged read's request."""
 
     def __init__(self, root):
         super().__init__(root)
-        self.reads: list[str] = []
+        self.reads: list[tuple[str, int]] = []
+        self.whole: list[str] = []  # paths read whole
+        self.ranges: list[tuple[str, int]] = []  # (path, length asked for)
 
     def read_bytes(self, rel: str) -> bytes:
-        self.reads.append(rel)
-        return super().read_bytes(rel)
+        data = super().read_bytes(rel)
+        self.reads.append((rel, len(data)))
+        self.whole.append(rel)
+        return data
+
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        data = super().read_range(rel, start, length)
+        self.reads.append((rel, len(data)))
+        self.ranges.append((rel, length))
+        return data
 
     def local_path(self, rel: str):
-        self.reads.append(rel)
+        self.reads.append((rel, (self.root / rel).stat().st_size))
+        self.whole.append(rel)
         return super().local_path(rel)
 
 
@@ -224,30 +237,40 @@ def dedup_inputs(tmp_path_factory):
     return _dedup_corpus(tmp_path_factory.mktemp("dedup-inputs"))
 
 
-def test_group_partition_reads_only_its_own_key_column(dedup_inputs, tmp_path):
+def test_group_partition_reads_only_its_own_section_of_each_key_file(dedup_inputs, tmp_path):
     config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2}})
     _prepare(tmp_path, dedup_inputs, config)
     plan, n = PartitionPlan.from_config(config.minhash), len(dedup_inputs)
     store = _RecordingStore(tmp_path)
     with_runs, without_runs, kinds_seen = [], [], set()
     for p in range(plan.count):
-        column, kind, key_slice = plan.describe(p)
+        _, kind, _ = plan.describe(p)
         store.reads.clear()
+        store.whole.clear()
+        store.ranges.clear()
         edges = group_partition(store, config.minhash, n, p)
-        key_reads = [r for r in store.reads if r.startswith("work/minhash/keys/")]
-        other_reads = [r for r in store.reads if r not in key_reads]
-        assert key_reads == [layout.dedup_keys(i, column) for i in range(n)], p
-        keys = np.concatenate([np.load(tmp_path / layout.dedup_keys(i, column))[:, 1] for i in range(n)])
-        if kind == KIND_NEAR:
-            keys = keys[keys % np.uint64(plan.partitions_per_band) == key_slice]
+        key_reads = [(rel, size) for rel, size in store.reads if rel.startswith("work/minhash/keys/")]
+        other_reads = [rel for rel, _ in store.reads if not rel.startswith("work/minhash/keys/")]
+        assert {rel for rel, _ in key_reads} == {layout.dedup_keys(i) for i in range(n)}, p
+        sections = [KeyFile(LocalStore(tmp_path), i, plan.count).partition(p) for i in range(n)]
+        own_bytes = sum(16 * len(ids) for ids, _ in sections)
+        header_bytes = n * 8 * (plan.count + 3)
+        if not other_reads:  # no candidate run: the headers and its own sections, nothing else
+            assert sum(size for _, size in key_reads) == header_bytes + own_bytes, p
+        keys = np.concatenate([keys for _, keys in sections])
         has_run = len(np.unique(keys)) < len(keys)
         if kind == KIND_NEAR and has_run:
             with_runs.append(p)
             assert other_reads and set(other_reads) <= {layout.signatures(i) for i in range(n)}, (p, other_reads)
+            # a signature read is one row (after the .npy header, once per input), never a whole file
+            row_bytes = config.minhash.num_perm * 4
+            sig_ranges = [length for rel, length in store.ranges if rel.endswith(".sig.npy")]
+            assert row_bytes in sig_ranges and set(sig_ranges) <= {row_bytes, 4096}, sig_ranges
         else:
             if kind == KIND_NEAR:
                 without_runs.append(p)
-            assert other_reads == [], (p, other_reads)  # no signatures, no whole key matrix
+            assert other_reads == [], (p, other_reads)  # no signatures
+        assert not [rel for rel in store.whole if rel.startswith("work/minhash/")], store.whole
         if edges:
             kinds_seen.add(kind)
     assert with_runs and without_runs
@@ -261,12 +284,22 @@ def test_key_files_give_the_edges_the_whole_key_matrix_gave(dedup_inputs, tmp_pa
     n = len(dedup_inputs)
     _prepare(tmp_path / "new", dedup_inputs, config)
     _prepare(tmp_path / "old", dedup_inputs, config)
-    for path in (tmp_path / "old" / "work" / "minhash" / "keys").rglob("000001.npy"):
-        path.unlink()
+    # input 1 as an older version left it: the whole key matrix, no key file
+    plan = PartitionPlan.from_config(config.minhash)
+    key_file = KeyFile(LocalStore(tmp_path / "old"), 1, plan.count)
+    ids = np.asarray(key_file.doc_ids())
+    matrix = np.zeros((len(ids), plan.key_bands + 2), dtype=np.uint64)
+    for p in range(plan.count):
+        section_ids, section_keys = key_file.partition(p)
+        matrix[np.searchsorted(ids, section_ids), plan.describe(p)[0]] = section_keys
+    buffer = io.BytesIO()
+    np.savez(buffer, doc_ids=ids, keys=matrix)
+    (tmp_path / "old" / layout.minhash(1)).write_bytes(buffer.getvalue())
+    (tmp_path / "old" / layout.dedup_keys(1)).unlink()
     assert _edges(tmp_path / "old", config, n) == _edges(tmp_path / "new", config, n)
 
 
-def test_an_input_rerun_after_a_kill_rewrites_its_key_files(dedup_inputs, tmp_path):
+def test_an_input_rerun_after_a_kill_rewrites_its_key_file(dedup_inputs, tmp_path):
     config = DataprepConfig.model_validate(_NO_FILTERS)
     n = len(dedup_inputs)
     _prepare(tmp_path / "ref", dedup_inputs, config)
@@ -275,12 +308,11 @@ def test_an_input_rerun_after_a_kill_rewrites_its_key_files(dedup_inputs, tmp_pa
     _prepare(out, dedup_inputs, config, only={0, 1})
     # input 1 killed after writing some of its key files, before its completion marker
     (out / layout.input_done(1)).unlink()
-    (out / layout.dedup_keys(1, 3)).unlink()
-    (out / layout.dedup_keys(1, 0)).write_bytes(b"torn")
-    kept_before = (out / layout.dedup_keys(0, 0)).stat().st_mtime_ns
+    (out / layout.dedup_keys(1)).write_bytes(b"torn")
+    kept_before = (out / layout.dedup_keys(0)).stat().st_mtime_ns
     results = _prepare(out, dedup_inputs, config)
     assert [r.skipped for r in results] == [True, False, False]
-    assert (out / layout.dedup_keys(0, 0)).stat().st_mtime_ns == kept_before
+    assert (out / layout.dedup_keys(0)).stat().st_mtime_ns == kept_before
     assert _edges(out, config, n) == reference
     assert sum(np.load(out / layout.edges(p)).shape[0] for p in reference) > 0
 

@@ -188,6 +188,17 @@ class S3Bucket:
 
         return self._call(f"get {key}", get)
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """`length` bytes of the object from `start` (one ranged GET, retried); fewer only at its end."""
+        if length <= 0:
+            return b""
+
+        def get():
+            body = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
+            return body["Body"].read()
+
+        return self._call(f"get {key}@{start}+{length}", get)
+
     def open_stream(self, key: str):
         """The object's body to read as a stream (botocore StreamingBody: read(n), close()). The GET
         is retried; a stream that breaks later is the reader's to handle."""

@@ -150,6 +150,10 @@ class Store(ABC):
     def read_bytes(self, rel: str) -> bytes: ...
 
     @abstractmethod
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        """`length` bytes of `rel` from byte `start` (fewer only at its end): a ranged GET remotely."""
+
+    @abstractmethod
     def open_write(self, rel: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """Write through a file object; the result appears only if the block succeeds."""
 
@@ -189,6 +193,14 @@ class LocalStore(Store):
     def read_bytes(self, rel: str) -> bytes:
         try:
             return self._path(rel).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read {self._path(rel)}: {exc}") from exc
+
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        try:
+            with open(self._path(rel), "rb") as fh:
+                fh.seek(start)
+                return fh.read(length)
         except OSError as exc:
             raise StorageError(f"cannot read {self._path(rel)}: {exc}") from exc
 
@@ -240,6 +252,12 @@ class S3Store(Store):
         if data is None:
             raise StorageError(f"cannot read {self.join(rel)}: no such object")
         return data
+
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        try:
+            return self.objects.get_range(self._key(rel), start, length)
+        except Exception as exc:
+            raise StorageError(f"cannot read {self.join(rel)}: {exc}") from exc
 
     @contextlib.contextmanager
     def open_write(self, rel: str) -> Iterator[BinaryIO]:

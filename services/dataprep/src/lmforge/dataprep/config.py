@@ -104,7 +104,9 @@ class MinHashConfig(StrictModel):
     verify_sigmas: float = Field(
         3.0, ge=0, description="candidates are duplicates when estimated Jaccard ≥ threshold − verify_sigmas·σ, "
         "σ = sqrt(t(1−t)/num_perm): the estimator's own noise must not split a true duplicate pair")
-    partitions_per_band: int = Field(1, ge=1, description="split each band by key range to bound memory")
+    partitions_per_band: int = Field(
+        1, ge=1, description="dedup tasks per key column (each LSH band, the URL and the content key), by key "
+                             "range: a task holds about 16 bytes x documents / this of keys")
     max_pairs_per_bucket: int = Field(64, ge=2, description="members a bucket member is verified against")
 
     @model_validator(mode="after")

@@ -1,14 +1,13 @@
 """Global dedup across all workers and inputs, in two stages that scale out.
 
-1. `group_partition(p)`: partition p is one LSH band (or one slice of it by key range),
-   or the exact-URL or exact-content key. It reads only that column's key file of every
-   input (layout.dedup_keys: (doc id, key) pairs, written by the per-input stage beside the
-   whole key matrix, which no partition reads), finds documents sharing a key and emits
-   duplicate edges. Band candidates are verified against the full signatures (estimated
-   Jaccard ≥ threshold less the estimator's noise margin, see minhash.verify_threshold),
-   memory-mapped, and read only for the inputs of a candidate run: a partition without one
-   reads no signatures. URL and content keys are exact. Partitions are independent:
-   processes or Indexed-Job pods share them.
+1. `group_partition(p)`: partition p is one slice by key range of one key column: an LSH
+   band, the exact-URL or the exact-content key. It reads only its own section of every
+   input's key file (dedup_keys.py: one ranged read per input), finds documents sharing a key
+   and emits duplicate edges. Band candidates are verified against the full signatures
+   (estimated Jaccard ≥ threshold less the estimator's noise margin, see
+   minhash.verify_threshold), each candidate's row read alone: a partition without a
+   candidate run reads no signatures. URL and content keys are exact. Partitions are
+   independent: processes or Indexed-Job pods share them.
 2. `cluster()`: connected components over all edges (scipy); in each component the
    document with the lowest id (first in input order) survives, the others are removed. Its
    memory grows with the number of edges (duplicates), not of documents: documents without a
@@ -26,10 +25,11 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from lmforge.common.errors import InputError, StorageError
+from lmforge.common.errors import InputError
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import MinHashConfig
+from lmforge.dataprep.dedup_keys import KeyFile
 from lmforge.dataprep.minhash import estimated_jaccard, lsh_params, verify_threshold
 
 # Edge kinds, in order of precedence when a removed document has several.
@@ -41,8 +41,8 @@ KIND_REASONS = {KIND_CONTENT: "duplicate_content", KIND_URL: "duplicate_url", KI
 class PartitionPlan:
     bands: int
     partitions_per_band: int
-    # The band-key columns before the URL and content keys in the key files: the per-input stage
-    # writes them whether or not near-duplicate dedup runs (then `bands`, its partitions, is 0).
+    # The band-key columns before the URL and content keys in the key matrix: the per-input stage
+    # computes them whether or not near-duplicate dedup runs (then `bands`, its partitions, is 0).
     key_bands: int | None = None
 
     @classmethod
@@ -52,16 +52,20 @@ class PartitionPlan:
 
     @property
     def count(self) -> int:
-        return self.bands * self.partitions_per_band + 2
+        return (self.bands + 2) * self.partitions_per_band
 
     def describe(self, partition: int) -> tuple[int, int, int]:
-        """(key column, kind, key-range slice) of a partition."""
-        band_partitions = self.bands * self.partitions_per_band
-        if partition < band_partitions:
-            return partition // self.partitions_per_band, KIND_NEAR, partition % self.partitions_per_band
+        """(key column, kind, key-range slice) of a partition: each partitioned column (the LSH
+        bands, then the URL and content keys) cut into partitions_per_band slices."""
+        index, key_slice = divmod(partition, self.partitions_per_band)
+        if index < self.bands:
+            return index, KIND_NEAR, key_slice
         first_exact = self.bands if self.key_bands is None else self.key_bands
-        column = first_exact + (partition - band_partitions)  # after the band keys: url key, then content key
-        return column, KIND_URL if partition == band_partitions else KIND_CONTENT, 0
+        return first_exact + (index - self.bands), KIND_URL if index == self.bands else KIND_CONTENT, key_slice
+
+    def sections(self) -> list[tuple[int, int]]:
+        """(key column, slice) of every partition, in order: the sections of an input's key file."""
+        return [(column, key_slice) for column, _, key_slice in map(self.describe, range(self.count))]
 
 
 def write_minhash_config(store: Store, config: MinHashConfig) -> None:
@@ -84,18 +88,29 @@ def check_minhash_config(store: Store, config: MinHashConfig) -> None:
     write_minhash_config(store, config)  # raises on mismatch
 
 
-def _column_keys(store: Store, i: int, column: int) -> tuple[np.ndarray, np.ndarray]:
-    """(doc ids, keys) of one input's key column, the ids in doc-id order."""
-    try:
-        pairs = np.load(io.BytesIO(store.read_bytes(layout.dedup_keys(i, column))))
-    except StorageError:
-        if store.exists(layout.dedup_keys(i, column)) or not store.exists(layout.minhash(i)):
-            raise
-        # an input finished by an earlier version, which wrote only the whole key matrix
-        with np.load(io.BytesIO(store.read_bytes(layout.minhash(i)))) as data:
-            ids = data["doc_ids"]
-            return ids, data["keys"][:, column] if len(ids) else np.zeros(0, np.uint64)
-    return np.ascontiguousarray(pairs[:, 0]), pairs[:, 1]
+class _InputKeys:
+    """An input's key file (dedup_keys.KeyFile), or for an input finished by an older version, the
+    whole key matrix it wrote (layout.minhash), cut the same way in memory."""
+
+    def __init__(self, store: Store, plan: PartitionPlan, i: int):
+        self.plan = plan
+        if store.exists(layout.dedup_keys(i)) or not store.exists(layout.minhash(i)):
+            self.file, self.matrix = KeyFile(store, i, plan.count), None
+        else:
+            with np.load(io.BytesIO(store.read_bytes(layout.minhash(i)))) as data:
+                self.file, self.matrix = None, (data["doc_ids"], data["keys"])
+
+    def partition(self, p: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.file is not None:
+            return self.file.partition(p)
+        ids, keys = self.matrix
+        column, _, key_slice = self.plan.describe(p)
+        column_keys = keys[:, column] if len(ids) else np.zeros(0, np.uint64)
+        mine = column_keys % np.uint64(self.plan.partitions_per_band) == key_slice
+        return ids[mine], column_keys[mine]
+
+    def doc_ids(self) -> np.ndarray:
+        return self.file.doc_ids() if self.file is not None else self.matrix[0]
 
 
 def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partition: int) -> int:
@@ -103,23 +118,18 @@ def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partitio
     if store.exists(layout.edges(partition)):
         return int(np.load(io.BytesIO(store.read_bytes(layout.edges(partition)))).shape[0])
     plan = PartitionPlan.from_config(config)
-    column, kind, key_slice = plan.describe(partition)
-    keys_parts, ids_parts, input_parts = [], [], []
-    input_ids: dict[int, np.ndarray] = {}  # every doc id of each input, for the signature rows
-    for i in range(n_inputs):
-        ids, keys = _column_keys(store, i, column)
-        input_ids[i] = ids
-        if kind == KIND_NEAR and plan.partitions_per_band > 1:
-            mask = keys % np.uint64(plan.partitions_per_band) == key_slice
-            keys, ids = keys[mask], ids[mask]
+    _, kind, _ = plan.describe(partition)
+    inputs = [_InputKeys(store, plan, i) for i in range(n_inputs)]
+    keys_parts, ids_parts = [], []
+    for keys_of_input in inputs:
+        ids, keys = keys_of_input.partition(partition)
         keys_parts.append(keys)
         ids_parts.append(ids)
-        input_parts.append(np.full(len(ids), i, dtype=np.int64))
     keys = np.concatenate(keys_parts) if keys_parts else np.zeros(0, np.uint64)
     ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
     order = np.lexsort((ids, keys))  # by key, then by doc id: each run starts with its lowest id
     keys, ids = keys[order], ids[order]
-    edges = _edges_for_runs(store, config, keys, ids, kind, input_ids)
+    edges = _edges_for_runs(store, config, keys, ids, kind, inputs)
     buffer = io.BytesIO()
     np.save(buffer, edges)
     store.write_bytes(layout.edges(partition), buffer.getvalue())
@@ -138,14 +148,14 @@ def _runs(keys: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _edges_for_runs(store: Store, config: MinHashConfig, keys, ids, kind: int,
-                    input_ids: dict[int, np.ndarray]) -> np.ndarray:
+                    inputs: list[_InputKeys]) -> np.ndarray:
     runs = _runs(keys)
     if not runs:
         return np.zeros((0, 3), dtype=np.uint64)
     if kind != KIND_NEAR:
         pairs = [(ids[j], ids[start]) for start, end in runs for j in range(start + 1, end)]
         return _edge_array(pairs, kind)
-    signatures = _SignatureLookup(store, input_ids)
+    signatures = _SignatureLookup(store, inputs)
     pairs = []
     for start, end in runs:
         members = ids[start:end]
@@ -178,26 +188,33 @@ def _edge_array(pairs, kind: int) -> np.ndarray:
 
 
 class _SignatureLookup:
-    """Signatures of given doc ids. Signature matrices are memory-mapped, so only the
-    pages of the documents asked for are read, never every signature of the corpus; an
-    input's rows are in the order of its doc ids, which its key files already gave."""
+    """Signatures of given doc ids, each read by a ranged read of its own row: a task reads the
+    signatures of its candidates only, never an input's whole signature file. An input's rows
+    are in the order of its doc ids (read from its key file when first needed)."""
 
-    def __init__(self, store: Store, input_ids: dict[int, np.ndarray]):
+    def __init__(self, store: Store, inputs: list[_InputKeys]):
         self.store = store
-        self.input_ids = input_ids
-        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.inputs = inputs
+        self._rows: dict[int, tuple[np.ndarray, int, int, np.dtype]] = {}  # ids, data offset, row bytes, dtype
 
-    def _input(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        if i not in self._cache:
-            sigs = np.load(self.store.local_path(layout.signatures(i)), mmap_mode="r")
-            self._cache[i] = (self.input_ids[i], sigs)
-        return self._cache[i]
+    def _input(self, i: int) -> tuple[np.ndarray, int, int, np.dtype]:
+        if i not in self._rows:
+            rel = layout.signatures(i)
+            head = io.BytesIO(self.store.read_range(rel, 0, 4096))
+            major, _ = np.lib.format.read_magic(head)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(head)
+            self._rows[i] = (self.inputs[i].doc_ids(), head.tell(), shape[1] * dtype.itemsize, dtype)
+        return self._rows[i]
 
     def get(self, doc_ids: np.ndarray) -> np.ndarray:
         rows = []
         for doc_id in doc_ids.tolist():
-            ids, sigs = self._input(doc_id >> 32)
-            rows.append(sigs[np.searchsorted(ids, doc_id)])
+            i = doc_id >> 32
+            ids, data_offset, row_bytes, dtype = self._input(i)
+            row = int(np.searchsorted(ids, doc_id))
+            raw = self.store.read_range(layout.signatures(i), data_offset + row * row_bytes, row_bytes)
+            rows.append(np.frombuffer(raw, dtype=dtype))
         return np.stack(rows)
 
 

@@ -26,6 +26,7 @@ def docs(i: int) -> str:
 
 
 def minhash(i: int) -> str:
+    """The whole key matrix of input i, as versions before issue 19 wrote it (read only to resume one)."""
     return f"work/minhash/{i:06d}.npz"
 
 
@@ -33,10 +34,10 @@ def signatures(i: int) -> str:
     return f"work/minhash/{i:06d}.sig.npy"
 
 
-def dedup_keys(i: int, column: int) -> str:
-    """Input i's (doc id, key) pairs of one dedup key column (LSH band, then URL, then content):
-    the only file of the input that the dedup partitions of that column read."""
-    return f"work/minhash/keys/col-{column:04d}/{i:06d}.npy"
+def dedup_keys(i: int) -> str:
+    """Input i's dedup keys, one section per dedup partition (dedup_keys.py): a dedup task reads
+    only its own section of each input's file."""
+    return f"work/minhash/keys/{i:06d}.bin"
 
 
 def input_stats(i: int) -> str:

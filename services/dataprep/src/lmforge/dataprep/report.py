@@ -10,6 +10,7 @@ it (the directory may move, as the demo's does), URLs with their credentials red
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -187,7 +188,8 @@ def _near_duplicate_groups(store: Store, run: Run) -> int:
     from scipy.sparse.csgraph import connected_components
 
     plan = PartitionPlan.from_config(run.config.minhash)
-    edges = [np.load(store.local_path(layout.edges(p))) for p in range(plan.count) if store.exists(layout.edges(p))]
+    edges = [np.load(io.BytesIO(store.read_bytes(layout.edges(p)))) for p in range(plan.count)
+             if store.exists(layout.edges(p))]
     near = np.concatenate(edges) if edges else np.zeros((0, 3), np.uint64)
     near = near[near[:, 2] == KIND_NEAR] if len(near) else near
     if not len(near):

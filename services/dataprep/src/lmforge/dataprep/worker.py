@@ -2,7 +2,7 @@
 Gopher quality → PII → contamination → MinHash signatures.
 
 One input file is one unit of work. Its outputs (kept documents, rejects, signatures, dedup
-keys: one file per key column, see layout.dedup_keys, and all columns together, stats) are
+keys: one file with a section per dedup partition, see dedup_keys.py, stats) are
 written atomically and a completion marker last, so a killed run redoes at
 most the inputs that were in flight, and a rerun skips finished ones.
 """
@@ -21,6 +21,8 @@ import numpy as np
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
+from lmforge.dataprep.dedup_global import PartitionPlan
+from lmforge.dataprep.dedup_keys import encode_keys
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher
 from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
@@ -56,24 +58,10 @@ class MinHashStep(BaseTransform):
     def _key_matrix(self) -> np.ndarray:
         return np.asarray(self.keys, dtype=np.uint64).reshape(len(self.doc_ids), self.hasher.bands + 2)
 
-    def keys_npz_bytes(self) -> bytes:
-        buffer = io.BytesIO()
-        np.savez(buffer, doc_ids=np.asarray(self.doc_ids, dtype=np.uint64), keys=self._key_matrix())
-        return buffer.getvalue()
-
-    def key_column_npy_bytes(self) -> list[bytes]:
-        """Per key column, an (n, 2) uint64 array of (doc id, key) in doc-id order: all that a
-        dedup partition of that column reads of this input (layout.dedup_keys)."""
-        keys = self._key_matrix()
-        pairs = np.empty((len(self.doc_ids), 2), dtype=np.uint64)
-        pairs[:, 0] = np.asarray(self.doc_ids, dtype=np.uint64)
-        columns = []
-        for column in range(keys.shape[1]):
-            pairs[:, 1] = keys[:, column]
-            buffer = io.BytesIO()
-            np.save(buffer, pairs)
-            columns.append(buffer.getvalue())
-        return columns
+    def key_file_bytes(self, plan: PartitionPlan) -> bytes:
+        """This input's key file: a section per dedup partition (dedup_keys.py)."""
+        return encode_keys(np.asarray(self.doc_ids, dtype=np.uint64), self._key_matrix(), plan.sections(),
+                           plan.partitions_per_band)
 
     def signatures_npy_bytes(self) -> bytes:
         buffer = io.BytesIO()
@@ -156,9 +144,8 @@ def process_input(store: Store, config: DataprepConfig, uri: str, input_index: i
                 "warc_date": doc.metadata.get("warc_date", ""),
             })
     store.write_bytes(layout.signatures(input_index), minhash_step.signatures_npy_bytes())
-    for column, data in enumerate(minhash_step.key_column_npy_bytes()):
-        store.write_bytes(layout.dedup_keys(input_index, column), data)
-    store.write_bytes(layout.minhash(input_index), minhash_step.keys_npz_bytes())
+    plan = PartitionPlan.from_config(config.minhash)
+    store.write_bytes(layout.dedup_keys(input_index), minhash_step.key_file_bytes(plan))
     seconds = time.perf_counter() - started
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     input_bytes = int(reader.stats.counters.get("input_bytes", 0))
