@@ -21,12 +21,13 @@ from lmforge.dataprep.dedup_global import (
     KIND_NEAR,
     KIND_URL,
     PartitionPlan,
-    _components,
+    _forest,
     _verified_pairs,
     check_minhash_config,
-    cluster,
+    cluster_group,
     group_partition,
     load_removed,
+    merge_clusters,
     write_minhash_config,
 )
 from lmforge.dataprep.dedup_keys import KeyFile
@@ -125,9 +126,10 @@ def test_verification_links_only_true_near_duplicates():
 
 def test_components_keep_the_lowest_id_and_name_the_strongest_reason():
     edges = np.array([[5, 3, KIND_NEAR], [9, 5, KIND_NEAR], [9, 3, KIND_CONTENT], [20, 7, KIND_URL]], dtype=np.uint64)
-    removed, reasons, clusters = _components(edges)
-    assert clusters == 2
-    assert dict(zip(removed.tolist(), reasons.tolist())) == {5: KIND_NEAR, 9: KIND_CONTENT, 20: KIND_URL}
+    nodes, roots, kinds = _forest(edges[:, :2], edges[:, 2].astype(np.uint8))
+    assert nodes.tolist() == [3, 5, 7, 9, 20] and roots.tolist() == [3, 3, 7, 3, 7]
+    removed = nodes != roots
+    assert dict(zip(nodes[removed].tolist(), kinds[removed].tolist())) == {5: KIND_NEAR, 9: KIND_CONTENT, 20: KIND_URL}
 
 
 def test_partition_plan_covers_bands_slices_and_exact_keys():
@@ -337,10 +339,45 @@ def test_cluster_writes_each_inputs_removed_ids_apart(dedup_inputs, tmp_path):
     n = len(dedup_inputs)
     _prepare(tmp_path, dedup_inputs, config)
     _edges(tmp_path, config, n)
-    summary = cluster(LocalStore(tmp_path), config.minhash, n)
+    store = LocalStore(tmp_path)
+    cluster_group(store, config.minhash, 0)
+    summary = merge_clusters(store, config.minhash, n)
     per_input = [load_removed(LocalStore(tmp_path), i) for i in range(n)]
     for i, (ids, reasons) in enumerate(per_input):
         assert len(ids) == len(reasons)
         assert ((ids >> np.uint64(32)) == i).all(), i
     assert sum(len(ids) for ids, _ in per_input) == summary["removed_total"] > 0
     assert len(per_input[0][0]) == 0 and len(per_input[1][0]) >= 4  # the first copy of each survives
+
+
+@pytest.mark.parametrize("tasks", [2, 5])
+def test_split_clustering_removes_what_one_task_removes(dedup_inputs, tmp_path, tasks):
+    """Cluster tasks over shares of the partitions, joined by the merge, find the same clusters,
+    survivors and reasons as one task over every edge."""
+    n = len(dedup_inputs)
+    results = {}
+    for k in (1, tasks):
+        config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2,
+                                                                          "cluster_tasks": k}})
+        root = tmp_path / f"tasks-{k}"
+        _prepare(root, dedup_inputs, config)
+        _edges(root, config, n)
+        store = LocalStore(root)
+        for group in range(k):
+            cluster_group(store, config.minhash, group)
+        summary = merge_clusters(store, config.minhash, n)
+        removed = [tuple(np.concatenate(load_removed(store, i)).tolist()) for i in range(n)]
+        results[k] = ({key: v for key, v in summary.items() if key != "cluster_tasks"}, removed)
+    assert results[1] == results[tasks]
+    assert results[1][0]["removed_total"] > 0
+
+
+def test_merge_waits_for_every_cluster_task(dedup_inputs, tmp_path):
+    config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"cluster_tasks": 3}})
+    _prepare(tmp_path, dedup_inputs, config)
+    _edges(tmp_path, config, len(dedup_inputs))
+    store = LocalStore(tmp_path)
+    cluster_group(store, config.minhash, 0)
+    with pytest.raises(InputError, match=r"cluster tasks not finished: \[1, 2\]"):
+        merge_clusters(store, config.minhash, len(dedup_inputs))
+    assert not (tmp_path / layout.DEDUP_STATS).exists()

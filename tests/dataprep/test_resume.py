@@ -109,7 +109,7 @@ def _staged_run(inputs, out: Path, workers: int) -> None:
         assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 1, *SMALL,
                        "--worker-index", k, "--num-workers", workers) == 0
     for stage in ("dedup", "cluster", "tokenizer", "tokenize", "shards"):
-        sliced = stage in {"dedup", "tokenize", "shards"}
+        sliced = stage in {"dedup", "cluster", "tokenize", "shards"}
         for k in range(workers if sliced else 1):
             slice_args = ["--workers", 1, "--worker-index", k, "--num-workers", workers] if sliced else []
             assert run_cli(stage, "--output", out, *slice_args) == 0, stage

@@ -97,6 +97,14 @@ def cmd_tokenize(args, config: DataprepConfig | None) -> int:
     return 0
 
 
+def cmd_cluster(args, config: DataprepConfig | None) -> int:
+    run = _open(args, config)
+    index, count = _sharding(args)
+    n_tasks = len(runner.cluster_tasks(run.config))
+    runner.run_cluster(run, None if index is None else runner.worker_slice(n_tasks, index, count))
+    return 0
+
+
 def cmd_shards(args, config: DataprepConfig | None) -> int:
     run = _open(args, config)
     index, count = _sharding(args)
@@ -107,7 +115,7 @@ def cmd_shards(args, config: DataprepConfig | None) -> int:
 
 def cmd_simple(args, config: DataprepConfig | None) -> int:
     run = _open(args, config)
-    {"cluster": runner.run_cluster, "tokenizer": runner.run_tokenizer, "report": runner.run_report}[args.command](run)
+    {"tokenizer": runner.run_tokenizer, "report": runner.run_report}[args.command](run)
     return 0
 
 
@@ -153,13 +161,15 @@ def build_cli() -> ServiceCli:
     # The global stages: with no --config or --set, the config the workers recorded.
     for name, handler, text in (
             ("dedup", cmd_dedup, "group one slice of the dedup partitions (LSH bands, URL, content)"),
+            ("cluster", cmd_cluster, "find the duplicate clusters of one slice of the cluster tasks "
+                                     "(all: and merge them)"),
             ("tokenize", cmd_tokenize, "tokenize one slice of the inputs"),
             ("shards", cmd_shards, "write the shards of one slice of the shard partitions (all: and manifest.json)")):
         stage = cli.command(name, handler, help=text, config="explicit")
         stage.add_argument("--output", required=True, help=OUTPUT_HELP)
         _add_sharding(stage, name)
-    for name, text in (("cluster", "connected components over all dedup edges"),
-                       ("tokenizer", "train the BPE tokenizer on a sample (or load tokenizer.path)"),
+    for name, text in (("tokenizer", "merge the duplicate clusters if not yet merged, then train the BPE "
+                                     "tokenizer on a sample (or load tokenizer.path)"),
                        ("report", "write manifest.json (once every shard partition is written), report.json and "
                                   "report.html")):
         stage = cli.command(name, cmd_simple, help=text, config="explicit")

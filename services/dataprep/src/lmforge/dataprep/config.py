@@ -108,6 +108,9 @@ class MinHashConfig(StrictModel):
         1, ge=1, description="dedup tasks per key column (each LSH band, the URL and the content key), by key "
                              "range: a task holds about 16 bytes x documents / this of keys")
     max_pairs_per_bucket: int = Field(64, ge=2, description="members a bucket member is verified against")
+    cluster_tasks: int = Field(
+        1, ge=1, description="tasks that find the duplicate clusters, each over a share of the dedup partitions' "
+                             "edges (memory per task grows with its edges), joined by one merge")
 
     @model_validator(mode="after")
     def _bands_rows(self) -> MinHashConfig:

@@ -8,11 +8,14 @@
    minhash.verify_threshold), each candidate's row read alone: a partition without a
    candidate run reads no signatures. URL and content keys are exact. Partitions are
    independent: processes or Indexed-Job pods share them.
-2. `cluster()`: connected components over all edges (scipy); in each component the
-   document with the lowest id (first in input order) survives, the others are removed. Its
-   memory grows with the number of edges (duplicates), not of documents: documents without a
-   duplicate never enter it. It writes the removed ids per input (layout.removed), so a later
-   task on input i reads only that input's, and the summary (layout.DEDUP_STATS) last.
+2. `cluster_group(k)`: connected components (scipy) of the edges of one group of partitions,
+   written as a forest (node → lowest id of its component); `minhash.cluster_tasks` groups.
+   Memory grows with the group's edges, never with documents that have no duplicate.
+3. `merge_clusters()`: components of the joined forests, which are those of every edge; in each
+   the document with the lowest id (first in input order) survives, the others are removed. It
+   writes the removed ids per input (layout.removed), so a later task on input i reads only that
+   input's, and the summary (layout.DEDUP_STATS) last. A duplicate pair that collides in many
+   bands is many edges but one forest entry per group, so the merge holds far less than the edges.
 """
 
 from __future__ import annotations
@@ -218,16 +221,61 @@ class _SignatureLookup:
         return np.stack(rows)
 
 
-def cluster(store: Store, config: MinHashConfig, n_inputs: int) -> dict:
-    """Connected components over every partition's edges; write the removed ids of each input,
-    then the summary (its presence marks the task complete)."""
-    plan = PartitionPlan.from_config(config)
-    missing = [p for p in range(plan.count) if not store.exists(layout.edges(p))]
+def cluster_groups(config: MinHashConfig) -> list[range]:
+    """The dedup partitions whose edges each cluster task reads (minhash.cluster_tasks of them)."""
+    count = PartitionPlan.from_config(config).count
+    tasks = min(config.cluster_tasks, count)
+    return [range(k * count // tasks, (k + 1) * count // tasks) for k in range(tasks)]
+
+
+def cluster_group(store: Store, config: MinHashConfig, group: int) -> int:
+    """Connected components of one group of partitions' edges, written as a forest: each node (a
+    document with a duplicate in the group), the lowest id of its component in the group, and the
+    strongest kind of its edges there; the same for near-duplicate edges alone (the report's
+    groups). Memory grows with the group's edges. Returns the number of edges."""
+    if store.exists(layout.cluster_forest(group)):
+        with np.load(io.BytesIO(store.read_bytes(layout.cluster_forest(group)))) as data:
+            return int(data["edges"])
+    partitions = cluster_groups(config)[group]
+    missing = [p for p in partitions if not store.exists(layout.edges(p))]
     if missing:
         raise InputError(f"dedup partitions not finished: {missing[:10]}{'…' if len(missing) > 10 else ''}")
-    edges = [np.load(io.BytesIO(store.read_bytes(layout.edges(p)))) for p in range(plan.count)]
+    edges = [np.load(io.BytesIO(store.read_bytes(layout.edges(p)))) for p in partitions]
     edges = np.concatenate(edges) if edges else np.zeros((0, 3), np.uint64)
-    removed_ids, reasons, clusters = _components(edges)
+    nodes, roots, kinds = _forest(edges[:, :2], edges[:, 2].astype(np.uint8))
+    near = edges[edges[:, 2] == KIND_NEAR]
+    near_nodes, near_roots, _ = _forest(near[:, :2], near[:, 2].astype(np.uint8))
+    buffer = io.BytesIO()
+    np.savez(buffer, nodes=nodes, roots=roots, kinds=kinds, near_nodes=near_nodes, near_roots=near_roots,
+             edges=np.int64(edges.shape[0]))
+    store.write_bytes(layout.cluster_forest(group), buffer.getvalue())
+    return int(edges.shape[0])
+
+
+def merge_clusters(store: Store, config: MinHashConfig, n_inputs: int) -> dict:
+    """Join the cluster tasks' forests (a node → root pair keeps every connection its group's
+    edges made), so the components are those of every edge, and in each the document with the
+    lowest id (first in input order) survives. Writes the removed ids of each input, then the
+    summary (its presence marks clustering complete). Memory grows with the documents that have a
+    duplicate, at most once per cluster task, not with the edges."""
+    groups = range(len(cluster_groups(config)))
+    missing = [k for k in groups if not store.exists(layout.cluster_forest(k))]
+    if missing:
+        raise InputError(f"cluster tasks not finished: {missing[:10]}{'…' if len(missing) > 10 else ''}")
+    parts: dict[str, list[np.ndarray]] = {"nodes": [], "roots": [], "kinds": [], "near_nodes": [], "near_roots": []}
+    n_edges = 0
+    for k in groups:
+        with np.load(io.BytesIO(store.read_bytes(layout.cluster_forest(k)))) as data:
+            for name, values in parts.items():
+                values.append(data[name])
+            n_edges += int(data["edges"])
+    joined = {name: np.concatenate(values) for name, values in parts.items()}
+    pairs = np.stack([joined["nodes"], joined["roots"]], axis=1)
+    nodes, roots, kinds = _forest(pairs, joined["kinds"])
+    removed = nodes != roots
+    removed_ids, reasons = nodes[removed], kinds[removed]
+    near_pairs = np.stack([joined["near_nodes"], joined["near_roots"]], axis=1)
+    near_nodes, near_roots, _ = _forest(near_pairs, np.zeros(len(near_pairs), np.uint8))
     owner = (removed_ids >> np.uint64(32)).astype(np.int64)  # a doc id's high 32 bits are its input
     bounds = np.searchsorted(owner, np.arange(n_inputs + 1))  # removed_ids are sorted
     for i in range(n_inputs):
@@ -235,29 +283,29 @@ def cluster(store: Store, config: MinHashConfig, n_inputs: int) -> dict:
         np.savez(buffer, doc_ids=removed_ids[bounds[i] : bounds[i + 1]], reasons=reasons[bounds[i] : bounds[i + 1]])
         store.write_bytes(layout.removed(i), buffer.getvalue())
     counts = {KIND_REASONS[k]: int(np.sum(reasons == k)) for k in KIND_REASONS}
-    summary = {"clusters": clusters, "removed": counts, "edges": int(edges.shape[0]),
-               "removed_total": int(len(removed_ids))}
+    summary = {"clusters": int(np.sum(~removed)), "removed": counts, "edges": n_edges,
+               "removed_total": int(len(removed_ids)), "near_duplicate_groups": int(np.sum(near_nodes == near_roots)),
+               "cluster_tasks": len(groups)}
     store.write_text(layout.DEDUP_STATS, json.dumps(summary, indent=1))
     return summary
 
 
-def _components(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    if edges.shape[0] == 0:
-        return np.zeros(0, np.uint64), np.zeros(0, np.uint8), 0
-    nodes, inverse = np.unique(edges[:, :2], return_inverse=True)
+def _forest(pairs: np.ndarray, kinds_of_pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Connected components of the graph whose edges are `pairs` (doc ids): every node, sorted, the
+    lowest id in its component, and the strongest (lowest) kind among the pairs it is in."""
+    if len(pairs) == 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint8)
+    nodes, inverse = np.unique(pairs, return_inverse=True)
     inverse = inverse.reshape(-1, 2)
     n = len(nodes)
     graph = coo_matrix((np.ones(len(inverse), dtype=np.int8), (inverse[:, 0], inverse[:, 1])), shape=(n, n))
     count, labels = connected_components(graph, directed=False)
-    # nodes are sorted, so the first node seen per label is the lowest doc id: the survivor
-    order = np.arange(n)
-    first = np.full(count, n, dtype=np.int64)
-    np.minimum.at(first, labels, order)
-    removed_mask = order != first[labels]
+    first = np.full(count, n, dtype=np.int64)  # nodes are sorted: the first index per label is its lowest id
+    np.minimum.at(first, labels, np.arange(n))
     kinds = np.full(n, 255, dtype=np.uint8)
-    for column in (0, 1):  # an edge's kind applies to both of its ends
-        np.minimum.at(kinds, inverse[:, column], edges[:, 2].astype(np.uint8))
-    return nodes[removed_mask], kinds[removed_mask], int(count)
+    for column in (0, 1):  # a pair's kind applies to both of its ends
+        np.minimum.at(kinds, inverse[:, column], kinds_of_pairs)
+    return nodes, nodes[first[labels]], kinds
 
 
 def load_removed(store: Store, i: int) -> tuple[np.ndarray, np.ndarray]:

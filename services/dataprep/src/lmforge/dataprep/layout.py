@@ -60,6 +60,11 @@ def edges(partition: int) -> str:
     return f"work/dedup/edges-{partition:04d}.npy"
 
 
+def cluster_forest(group: int) -> str:
+    """A cluster task's components of its group of partitions' edges (dedup_global.cluster_group)."""
+    return f"work/dedup/forest-{group:04d}.npz"
+
+
 def removed(i: int) -> str:
     """Input i's documents that global dedup removed (doc ids, reasons), written by the cluster task:
     the only part of the duplicate clusters a task on input i reads."""

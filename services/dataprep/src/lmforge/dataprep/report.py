@@ -209,7 +209,8 @@ def _dedup(run: Run, by_name: dict[str, StepStats], dedup: dict) -> dict:
         "within_input": dict(sorted(within.items())),
         "removed": dict(sorted(dedup["removed"].items())),  # across inputs, global stage
         "clusters": dedup["clusters"],  # groups linked by URL, content or near-duplicate edges
-        "near_duplicate_groups": _near_duplicate_groups(run.store, run),
+        "near_duplicate_groups": dedup["near_duplicate_groups"] if "near_duplicate_groups" in dedup
+        else _near_duplicate_groups(run.store, run),  # a run clustered before issue 19
         "near_duplicate_enabled": run.config.minhash.enabled,
     }
 

@@ -9,7 +9,9 @@ Phases and their completion markers (a rerun skips what is complete):
             dedup keys (one file per key column)                → work/done/input-*
   dedup     per partition (LSH band / URL / content), from its
             column's key files only: edges                      → work/dedup/edges-*.npy
-  cluster   connected components → removed ids per input      → work/stats/global_dedup.json
+  cluster   per group of dedup partitions: components of their
+            edges                                               → work/dedup/forest-*.npz
+            then one merge → removed ids per input              → work/stats/global_dedup.json
   tokenizer train or load                                      → tokenizer.json
   tokenize  per input: tokens + index + dedup rejects          → work/done/tokenize-*
   shards    per shard partition (inputs_per_partition inputs):
@@ -39,12 +41,12 @@ from lmforge.common.storage import LocalStore, Store, expand_inputs, input_size,
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import PartitionPlan as PartitionPlan  # cli.py sizes dedup slices with it
-from lmforge.dataprep.dedup_global import check_minhash_config, cluster, write_minhash_config
+from lmforge.dataprep.dedup_global import check_minhash_config, merge_clusters, write_minhash_config
 from lmforge.dataprep.executor import Executor, local_executor
 from lmforge.dataprep.progress import Progress
 from lmforge.dataprep.shard_writer import write_manifest
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
-from lmforge.dataprep.tasks import Task, input_tasks, partition_tasks, tokenize_tasks
+from lmforge.dataprep.tasks import Task, cluster_tasks, input_tasks, partition_tasks, tokenize_tasks
 from lmforge.dataprep.tasks import shard_tasks as shard_tasks  # cli.py counts shard tasks with it
 from lmforge.dataprep.timings import timed_phase
 from lmforge.dataprep.tokenize import prepare_tokenizer
@@ -212,12 +214,26 @@ def run_dedup(run: Run, indices: Iterable[int] | None = None) -> None:
     progress.close()
 
 
-def run_cluster(run: Run) -> dict:
+def run_cluster(run: Run, indices: Iterable[int] | None = None) -> dict | None:
+    """The cluster tasks at `indices` (all when None: then their merge too, whose summary it returns)."""
+    if indices is None and run.store.exists(layout.DEDUP_STATS):
+        return json.loads(run.store.read_text(layout.DEDUP_STATS))
+    chosen = _chosen(cluster_tasks(run.config), indices)
+    pending = _pending(run, chosen)
+    run.log.info("phase_start", phase="cluster", tasks=len(chosen), pending=len(pending))
+    progress = Progress(run.log, "cluster", len(pending), unit="tasks")
+    with timed_phase(run.store, "dedup", len(pending)):
+        _execute(run, pending, progress)
+    progress.close()
+    return run_cluster_merge(run) if indices is None else None
+
+
+def run_cluster_merge(run: Run) -> dict:
     if run.store.exists(layout.DEDUP_STATS):
         return json.loads(run.store.read_text(layout.DEDUP_STATS))
     started = time.perf_counter()
     with timed_phase(run.store, "dedup", 1):
-        summary = cluster(run.store, run.config.minhash, run.n_inputs)
+        summary = merge_clusters(run.store, run.config.minhash, run.n_inputs)
         summary["seconds"] = round(time.perf_counter() - started, 4)
         run.store.write_text(layout.DEDUP_STATS, json.dumps(summary, indent=1))
     run.log.info("dedup_clusters", **summary)
@@ -233,8 +249,7 @@ def _kept_bytes(run: Run) -> int:
 
 
 def run_tokenizer(run: Run) -> dict:
-    if not run.store.exists(layout.DEDUP_STATS):
-        raise InputError("dedup clusters not computed yet: run the cluster stage first")
+    run_cluster_merge(run)
     with timed_phase(run.store, "tokenizer", 0 if run.store.exists(layout.TOKENIZER_STATS) else 1):
         info = prepare_tokenizer(run.store, run.config, run.n_inputs, _kept_bytes(run))
     run.log.info("tokenizer_ready", **info)
