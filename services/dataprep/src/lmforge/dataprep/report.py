@@ -250,10 +250,17 @@ def _workers(run: Run, input_summaries: list[dict], tokenize_summaries: list[dic
     return rows
 
 
-def length_histogram(token_counts: np.ndarray) -> dict:
+def _length_counts(token_counts: np.ndarray) -> np.ndarray:
     edges = np.asarray(LENGTH_EDGES)
-    counts = np.bincount(np.searchsorted(edges, token_counts, side="right") - 1, minlength=len(edges))
-    return {"edges": LENGTH_EDGES, "counts": counts[: len(edges)].astype(int).tolist()}
+    return np.bincount(np.searchsorted(edges, token_counts, side="right") - 1, minlength=len(edges))[: len(edges)]
+
+
+def _corpus_length_histogram(store: Store, n_inputs: int) -> dict:
+    """The document-length histogram of every input, one input's index in memory at a time."""
+    counts = np.zeros(len(LENGTH_EDGES), dtype=np.int64)
+    for i in range(n_inputs):
+        counts += _length_counts(read_token_index(store, i).column("token_count").to_numpy().astype(np.int64))
+    return {"edges": LENGTH_EDGES, "counts": counts.astype(int).tolist()}
 
 
 def build_report(run: Run) -> dict:
@@ -286,8 +293,6 @@ def build_report(run: Run) -> dict:
         bad_input.setdefault(kind, 0)
     languages = Counter({k.removeprefix("lang:"): v for k, v in by_name["langid"].counters.items()}
                         if "langid" in by_name else {})
-    token_counts = np.concatenate([read_token_index(store, i).column("token_count").to_numpy()
-                                   for i in range(run.n_inputs)] or [np.zeros(0, np.uint64)])
     totals = manifest["totals"]
     file_bytes = int(read.counters.get("input_bytes", 0))
     kept = by_name.get("tokenize", StepStats("tokenize"))
@@ -311,7 +316,7 @@ def build_report(run: Run) -> dict:
         "phases": phases,
         "stages": [_stage_entry(s, GLOBAL_STAGE_PHASE.get(s.name, "inputs")) for s in stages],
         "languages": dict(languages.most_common()),
-        "doc_length_tokens": length_histogram(token_counts.astype(np.int64)),
+        "doc_length_tokens": _corpus_length_histogram(store, run.n_inputs),
         "pii": _pii(by_name.get("pii"), run.config.pii.enabled),
         "contamination": _contamination(by_name.get("contamination"), run.config.contamination.eval_sets, store),
         "dedup": _dedup(run, by_name, dedup),
