@@ -162,3 +162,32 @@ def test_partitions_of_several_inputs_shuffle_them_together(inputs, reference, t
     assert paired["totals"]["tokens"] == ref["totals"]["tokens"]
     first = [row for row in lineage_rows(out) if row["shard"].startswith("shards/train_000000_")]
     assert {row["doc_id"].split("-")[0] for row in first} == {"000000", "000001", "000002"}
+
+
+def test_the_tokenizer_sample_reads_only_as_many_inputs_as_it_needs(inputs, reference):
+    from lmforge.common.storage import LocalStore
+    from lmforge.dataprep import layout
+    from lmforge.dataprep.config import TokenizerConfig
+    from lmforge.dataprep.tokenize import iter_training_sample
+
+    class Recording(LocalStore):
+        touched: set[str] = set()
+
+        def local_path(self, rel):
+            self.touched.add(rel)
+            return super().local_path(rel)
+
+        def read_bytes(self, rel):
+            self.touched.add(rel)
+            return super().read_bytes(rel)
+
+    def sample(limit: int) -> tuple[int, set[str]]:
+        store = Recording(reference)
+        store.touched = set()
+        texts = list(iter_training_sample(store, len(inputs), TokenizerConfig(sample_bytes=limit), seed=1234))
+        return sum(len(t.encode()) for t in texts), {rel for rel in store.touched if rel.startswith("work/docs/")}
+
+    whole, every_input = sample(1 << 40)
+    assert every_input == {layout.docs(i) for i in range(len(inputs))}
+    small, read = sample(whole // 10)
+    assert len(read) == 1 and whole // 10 <= small < whole // 2  # one input was enough

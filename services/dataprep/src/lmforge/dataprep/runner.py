@@ -240,18 +240,10 @@ def run_cluster_merge(run: Run) -> dict:
     return summary
 
 
-def _kept_bytes(run: Run) -> int:
-    total = 0
-    for i in range(run.n_inputs):
-        steps = json.loads(run.store.read_text(layout.input_stats(i)))["steps"]
-        total += steps[-1]["bytes_out"]
-    return total
-
-
 def run_tokenizer(run: Run) -> dict:
     run_cluster_merge(run)
     with timed_phase(run.store, "tokenizer", 0 if run.store.exists(layout.TOKENIZER_STATS) else 1):
-        info = prepare_tokenizer(run.store, run.config, run.n_inputs, _kept_bytes(run))
+        info = prepare_tokenizer(run.store, run.config, run.n_inputs)
     run.log.info("tokenizer_ready", **info)
     return info
 

@@ -35,9 +35,12 @@ TOKEN_INDEX_SCHEMA = pa.schema([
 ])
 
 
-def _sample_fraction(doc_id: int, seed: int) -> float:
-    digest = hashlib.blake2b(f"{seed}:{doc_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
+def _sample_order(n_inputs: int, seed: int) -> list[int]:
+    """The inputs in an order keyed by the seed: the tokenizer's sample is read in this order."""
+    def key(i: int) -> bytes:
+        return hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest()
+
+    return sorted(range(n_inputs), key=key)
 
 
 def new_bpe_tokenizer(config: TokenizerConfig) -> tuple[Tokenizer, trainers.BpeTrainer]:
@@ -54,23 +57,24 @@ def new_bpe_tokenizer(config: TokenizerConfig) -> tuple[Tokenizer, trainers.BpeT
     return tokenizer, trainer
 
 
-def iter_training_sample(store: Store, n_inputs: int, kept_bytes: int, config: TokenizerConfig,
-                         seed: int) -> Iterator[str]:
-    """Kept, non-duplicate documents, each taken with probability sample_bytes/kept_bytes
-    decided by a hash of its id: the same sample whatever the number of workers."""
-    rate = 1.0 if kept_bytes <= config.sample_bytes else config.sample_bytes / kept_bytes
-    for i in range(n_inputs):
+def iter_training_sample(store: Store, n_inputs: int, config: TokenizerConfig, seed: int) -> Iterator[str]:
+    """Kept, non-duplicate documents of whole inputs, taken in an order keyed by the seed, until
+    sample_bytes: the task reads about sample_bytes plus one input whatever the size of the crawl
+    (a WET file is a random slice of it), and the sample is the same whatever the number of workers."""
+    taken = 0
+    for i in _sample_order(n_inputs, seed):
         removed, _ = load_removed(store, i)
         for batch in iter_batches(store, layout.docs(i), columns=["doc_id", "text"]):
-            ids = batch.column("doc_id").to_numpy()
-            keep = ~np.isin(ids, removed, assume_unique=False)
-            texts = batch.column("text").to_pylist()
-            for doc_id, text, ok in zip(ids.tolist(), texts, keep.tolist()):
-                if ok and (rate >= 1.0 or _sample_fraction(doc_id, seed) < rate):
+            keep = ~np.isin(batch.column("doc_id").to_numpy(), removed)
+            for text, ok in zip(batch.column("text").to_pylist(), keep.tolist()):
+                if ok:
                     yield text
+                    taken += len(text.encode("utf-8"))
+                    if taken >= config.sample_bytes:
+                        return
 
 
-def prepare_tokenizer(store: Store, config: DataprepConfig, n_inputs: int, kept_bytes: int) -> dict:
+def prepare_tokenizer(store: Store, config: DataprepConfig, n_inputs: int) -> dict:
     """Train (or copy in) tokenizer.json; returns {path, sha256, vocab_size, eot_id, sample_bytes, seconds}."""
     if store.exists(layout.TOKENIZER) and store.exists(layout.TOKENIZER_STATS):
         return json.loads(store.read_text(layout.TOKENIZER_STATS))
@@ -82,7 +86,7 @@ def prepare_tokenizer(store: Store, config: DataprepConfig, n_inputs: int, kept_
         trained = False
     else:
         tokenizer, trainer = new_bpe_tokenizer(tok_config)
-        sample = iter_training_sample(store, n_inputs, kept_bytes, tok_config, config.shards.seed)
+        sample = iter_training_sample(store, n_inputs, tok_config, config.shards.seed)
 
         def counted(texts):
             nonlocal sample_bytes
