@@ -67,7 +67,12 @@ def test_s3_store_and_inputs(s3):
         raise RuntimeError("killed")
     assert store.exists("work/a.json") and not store.exists("work/b.json")
     assert store.list("work") == ["work/a.json"]
-    assert store.local_path("work/a.json").read_text() == "{}"
+    copy = store.local_path("work/a.json")
+    assert copy.read_text() == "{}"
+    store.release_local_copies()  # the copy goes; a new one is made when asked for again
+    assert not copy.exists() and store.local_path("work/a.json").read_text() == "{}"
+    with store.open_read("work/a.json") as fh:  # ranged reads, no local copy
+        assert fh.read() == b"{}"
 
 
 def test_s3_store_writes_verified_parts_and_retries_each_request_once_per_fault(s3, s3_endpoint, monkeypatch):
@@ -85,6 +90,11 @@ def test_s3_store_writes_verified_parts_and_retries_each_request_once_per_fault(
         store.write_text("small.json", "{}")
         assert store.list() == ["big.bin", "small.json"]
         assert store.local_path("big.bin").read_bytes() == data
+        with store.open_read("big.bin") as fh:
+            fh.seek(-100, io.SEEK_END)
+            assert fh.read() == data[-100:]
+            fh.seek(5 * MIB)
+            assert fh.read(3 * MIB) == data[5 * MIB : 8 * MIB]
         faults = proxy.stats
     injected = faults["error_500"] + faults["slow_down"] + faults["reset"]
     retries = [json.loads(line) for line in stream.getvalue().splitlines() if '"retrying"' in line]

@@ -264,10 +264,11 @@ def test_group_partition_reads_only_its_own_section_of_each_key_file(dedup_input
         if kind == KIND_NEAR and has_run:
             with_runs.append(p)
             assert other_reads and set(other_reads) <= {layout.signatures(i) for i in range(n)}, (p, other_reads)
-            # a signature read is one row (after the .npy header, once per input), never a whole file
+            # a signature read is one row (after the .npy header's, once per input), never a whole file
             row_bytes = config.minhash.num_perm * 4
             sig_ranges = [length for rel, length in store.ranges if rel.endswith(".sig.npy")]
-            assert row_bytes in sig_ranges and set(sig_ranges) <= {row_bytes, 4096}, sig_ranges
+            header_reads = [length for length in sig_ranges if length != row_bytes]
+            assert row_bytes in sig_ranges and max(header_reads) < 200, sig_ranges
         else:
             if kind == KIND_NEAR:
                 without_runs.append(p)

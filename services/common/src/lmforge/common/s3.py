@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import io
 import os
 import threading
 from collections.abc import Callable
@@ -188,21 +189,33 @@ class S3Bucket:
 
         return self._call(f"get {key}", get)
 
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        """`length` bytes of the object from `start` (one ranged GET, retried); fewer only at its end."""
-        if length <= 0:
-            return b""
-
-        def get():
-            body = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
-            return body["Body"].read()
-
-        return self._call(f"get {key}@{start}+{length}", get)
-
     def open_stream(self, key: str):
         """The object's body to read as a stream (botocore StreamingBody: read(n), close()). The GET
         is retried; a stream that breaks later is the reader's to handle."""
         return self._call(f"get {key}", lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"])
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """`length` bytes of the object from `start`: one ranged GET, its length checked."""
+        if length <= 0:
+            return b""
+        end = start + length - 1
+
+        def get():
+            data = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")["Body"].read()
+            if len(data) != length:
+                raise StorageError(f"{self.url(key)}: short read at {start}")
+            return data
+
+        return self._call(f"get {key}@{start}", get)
+
+    def open_ranged(self, key: str, buffer_size: int = MIB) -> io.BufferedReader:
+        """A seekable, read-only file over the object: reads are ranged GETs of what is read
+        (at least `buffer_size` bytes each), so a reader that seeks (Parquet: the footer, then the
+        column chunks it needs) fetches only that, and nothing is written to local disk."""
+        size = self.size_of(key)
+        if size is None:
+            raise StorageError(f"{self.url(key)}: no such object")
+        return io.BufferedReader(RangeReader(self, key, size), buffer_size)
 
     def listing(self, prefix: str) -> dict[str, StoredObject]:
         """Every object under `prefix`: key → size and age."""
@@ -234,16 +247,7 @@ class S3Bucket:
         def fetch(start: int) -> None:
             if cancel.is_set():
                 raise Cancelled(key)
-            end = min(size, start + part) - 1
-
-            def get():
-                body = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
-                data = body["Body"].read()
-                if len(data) != end - start + 1:
-                    raise StorageError(f"{self.url(key)}: short read at {start}")
-                return data
-
-            data = self._call(f"get {key}@{start}", get)
+            data = self.get_range(key, start, min(size, start + part) - start)
             os.pwrite(fd, data, start)
             if progress:
                 progress(len(data))
@@ -365,3 +369,42 @@ class S3Bucket:
 
     def close(self) -> None:
         self._parts.shutdown(wait=False, cancel_futures=True)
+
+
+class RangeReader(io.RawIOBase):
+    """The raw file under S3Bucket.open_ranged: each readinto is one ranged GET at the position."""
+
+    def __init__(self, objects: S3Bucket, key: str, size: int):
+        super().__init__()
+        self.objects, self.key, self.size = objects, key, size
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self.position = base + offset
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        length = min(len(buffer), self.size - self.position)
+        if length <= 0:
+            return 0
+        try:
+            data = self.objects.get_range(self.key, self.position, length)
+        except StorageError:
+            raise
+        except Exception as exc:  # botocore's, once the retries are spent: a reader's error is a StorageError
+            raise StorageError(f"cannot read {self.objects.url(self.key)}: {exc}") from exc
+        memoryview(buffer).cast("B")[:length] = data
+        self.position += length
+        return length

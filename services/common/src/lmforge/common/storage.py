@@ -11,6 +11,7 @@ downloads, the one retry policy).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fnmatch
@@ -37,6 +38,17 @@ from lmforge.common.s3 import S3Bucket
 HTTP_TIMEOUT_S = 60
 # write() and flush() fail with these without naming the file (a full disk, a quota, a size limit)
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+
+
+# S3Store's own temp directories in this process: release_local_copies removes one, and
+# whatever is left goes when the process exits.
+_temp_cache_dirs: set[Path] = set()
+
+
+@atexit.register
+def _remove_temp_cache_dirs() -> None:
+    for directory in list(_temp_cache_dirs):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -151,7 +163,8 @@ class Store(ABC):
 
     @abstractmethod
     def read_range(self, rel: str, start: int, length: int) -> bytes:
-        """`length` bytes of `rel` from byte `start` (fewer only at its end): a ranged GET remotely."""
+        """`length` bytes of `rel` from byte `start`: a ranged GET remotely. Asking past the end is
+        an error remotely, a short read locally: ask only for bytes that exist."""
 
     @abstractmethod
     def open_write(self, rel: str) -> contextlib.AbstractContextManager[BinaryIO]:
@@ -163,7 +176,17 @@ class Store(ABC):
 
     @abstractmethod
     def local_path(self, rel: str) -> Path:
-        """A local file with the content of `rel` (a download for remote stores)."""
+        """A local file with the content of `rel` (a download for remote stores, kept until
+        release_local_copies)."""
+
+    def open_read(self, rel: str) -> BinaryIO:
+        """A seekable file to read `rel` from, without a local copy of a remote file."""
+        return open(self.local_path(rel), "rb")
+
+    @abstractmethod
+    def release_local_copies(self) -> None:
+        """Delete the local copies local_path made. Data prep's executor calls it when each task
+        ends, so a process that runs many tasks keeps on disk only what its current task reads."""
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         with self.open_write(rel) as fh:
@@ -224,16 +247,40 @@ class LocalStore(Store):
     def local_path(self, rel: str) -> Path:
         return self._path(rel)
 
+    def release_local_copies(self) -> None:
+        pass  # local_path is the file itself
+
 
 class S3Store(Store):
-    """An s3:// prefix. Writes are uploaded by lmforge.common.s3 (CRC32C per part, checked by S3)."""
+    """An s3:// prefix. Writes are uploaded by lmforge.common.s3 (CRC32C per part, checked by S3).
+
+    Local disk (under TMPDIR, so a pod's emptyDir bounds it): a write is spooled to a temp file
+    that is deleted once uploaded; local_path downloads into `cache_dir`, which is the caller's
+    to keep when given, else a temp directory made on first use and deleted by
+    release_local_copies (or when the process exits)."""
 
     def __init__(self, uri: str, cache_dir: str | Path | None = None):
         loc = S3Location.parse(uri.rstrip("/") + "/")
         self.bucket, self.prefix = loc.bucket, loc.key
         self.uri = uri.rstrip("/")
         self.objects = S3Bucket(self.bucket)
-        self.cache_dir = Path(cache_dir or tempfile.mkdtemp(prefix="lmforge-s3cache-"))
+        self._given_cache_dir = Path(cache_dir) if cache_dir else None
+        self._temp_cache_dir: Path | None = None
+
+    @property
+    def cache_dir(self) -> Path:
+        if self._given_cache_dir is not None:
+            return self._given_cache_dir
+        if self._temp_cache_dir is None:
+            self._temp_cache_dir = Path(tempfile.mkdtemp(prefix="lmforge-s3cache-"))
+            _temp_cache_dirs.add(self._temp_cache_dir)
+        return self._temp_cache_dir
+
+    def release_local_copies(self) -> None:
+        if self._temp_cache_dir is not None:
+            shutil.rmtree(self._temp_cache_dir, ignore_errors=True)
+            _temp_cache_dirs.discard(self._temp_cache_dir)
+            self._temp_cache_dir = None
 
     def _key(self, rel: str) -> str:
         return self.prefix + rel
@@ -261,14 +308,25 @@ class S3Store(Store):
 
     @contextlib.contextmanager
     def open_write(self, rel: str) -> Iterator[BinaryIO]:
-        # S3 PUTs are atomic; spool to a local temp file so large objects go up in parts.
-        with tempfile.NamedTemporaryFile(prefix=".tmp-", dir=self.cache_dir, delete=True) as tmp:
-            yield tmp
-            tmp.flush()
+        # S3 PUTs are atomic; spool to a local temp file (deleted on leaving the block) so large
+        # objects go up in parts.
+        with tempfile.NamedTemporaryFile(prefix="lmforge-spool-", delete=True) as tmp:
+            try:
+                yield tmp
+                tmp.flush()
+            except OSError as exc:
+                _name_write_error(exc, tmp.name, self.join(rel))
+                raise
             try:
                 self.objects.upload_file(Path(tmp.name), self._key(rel))
             except Exception as exc:
                 raise StorageError(f"cannot write {self.join(rel)}: {exc}") from exc
+
+    def open_read(self, rel: str) -> BinaryIO:
+        try:
+            return self.objects.open_ranged(self._key(rel))
+        except Exception as exc:
+            raise StorageError(f"cannot read {self.join(rel)}: {exc}") from exc
 
     def list(self, prefix: str = "") -> list[str]:
         try:
@@ -284,11 +342,22 @@ class S3Store(Store):
             tmp = target.with_name(f".tmp-{target.name}")
             try:
                 self.objects.download(self._key(rel), tmp)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                _name_write_error(exc, tmp, self.join(rel))
+                raise
             except Exception as exc:
                 tmp.unlink(missing_ok=True)
                 raise StorageError(f"cannot download {self.join(rel)}: {exc}") from exc
             os.replace(tmp, target)
         return target
+
+
+def _name_write_error(exc: OSError, local: str | Path, remote: str) -> None:
+    """Make a full temp dir's write error name the local file and the object it stands for:
+    `No space left on device (ENOSPC): /tmp/lmforge-spool-x -> s3://b/k`."""
+    if exc.filename is None and exc.errno in _WRITE_ERRNOS:
+        exc.filename, exc.filename2 = str(local), remote
 
 
 def open_store(uri: str | Path) -> Store:

@@ -202,12 +202,8 @@ class _SignatureLookup:
 
     def _input(self, i: int) -> tuple[np.ndarray, int, int, np.dtype]:
         if i not in self._rows:
-            rel = layout.signatures(i)
-            head = io.BytesIO(self.store.read_range(rel, 0, 4096))
-            major, _ = np.lib.format.read_magic(head)
-            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read_header(head)
-            self._rows[i] = (self.inputs[i].doc_ids(), head.tell(), shape[1] * dtype.itemsize, dtype)
+            data_offset, shape, dtype = _npy_layout(self.store, layout.signatures(i))
+            self._rows[i] = (self.inputs[i].doc_ids(), data_offset, shape[1] * dtype.itemsize, dtype)
         return self._rows[i]
 
     def get(self, doc_ids: np.ndarray) -> np.ndarray:
@@ -219,6 +215,21 @@ class _SignatureLookup:
             raw = self.store.read_range(layout.signatures(i), data_offset + row * row_bytes, row_bytes)
             rows.append(np.frombuffer(raw, dtype=dtype))
         return np.stack(rows)
+
+
+def _npy_layout(store: Store, rel: str) -> tuple[int, tuple[int, ...], np.dtype]:
+    """(offset of the data, shape, dtype) of a C-order .npy file, from two ranged reads of its header."""
+    prefix = store.read_range(rel, 0, 10)  # magic (6), version (2), header length (2 in version 1)
+    major = prefix[6]
+    size_bytes = 2 if major == 1 else 4
+    if major != 1:
+        prefix += store.read_range(rel, 10, 2)
+    header_len = int.from_bytes(prefix[8 : 8 + size_bytes], "little")
+    head = io.BytesIO(prefix + store.read_range(rel, len(prefix), header_len))
+    np.lib.format.read_magic(head)
+    read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(head)
+    return head.tell(), shape, dtype
 
 
 def cluster_groups(config: MinHashConfig) -> list[range]:

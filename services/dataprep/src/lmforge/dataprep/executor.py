@@ -39,7 +39,7 @@ class InlineExecutor:
     def run(self, tasks: Sequence[Task], on_result: OnResult) -> list:
         results = []
         for task in tasks:
-            result = task.run(self.store, self.config)
+            result = run_task(task, self.store, self.config)
             results.append(result)
             on_result(result)
         return results
@@ -74,6 +74,15 @@ class PoolExecutor:
         return results
 
 
+def run_task(task: Task, store: Store, config: DataprepConfig) -> Any:
+    """Run one task; the local copies of remote files it made (store.local_path) are deleted when
+    it ends, so local disk holds what one task reads, however many tasks the process runs."""
+    try:
+        return task.run(store, config)
+    finally:
+        store.release_local_copies()
+
+
 def local_executor(store: Store, config: DataprepConfig, processes: int) -> Executor:
     return InlineExecutor(store, config) if processes <= 1 else PoolExecutor(store, config, processes)
 
@@ -95,7 +104,7 @@ def _init_pool_process(output: str, config_json: str, parent_pid: int) -> None:
 
 def _run_in_pool_process(task: Task):
     store, config = _pool_process
-    return task.run(store, config)
+    return run_task(task, store, config)
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -103,5 +103,5 @@ def open_arrow(store: Store, rel: str) -> pa.Table:
 
 def iter_batches(store: Store, rel: str, columns: list[str] | None = None, batch_rows: int = 2000
                  ) -> Iterator[pa.RecordBatch]:
-    parquet = pq.ParquetFile(store.local_path(rel))
-    yield from parquet.iter_batches(batch_size=batch_rows, columns=columns)
+    with store.open_read(rel) as fh:  # a remote file is read by ranges, not downloaded
+        yield from pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns)

@@ -10,17 +10,16 @@ import random
 from collections.abc import Iterator
 from typing import TextIO
 
-import pyarrow.parquet as pq
-
 from lmforge.common.storage import Store, open_store
 from lmforge.dataprep import layout
 from lmforge.dataprep.dedup_global import load_removed
+from lmforge.dataprep.parquet_io import iter_batches
 
 
 def _rows(store: Store, prefix: str, columns: list[str]) -> Iterator[dict]:
     for rel in store.list(prefix):
         if rel.endswith(".parquet"):
-            for batch in pq.ParquetFile(store.local_path(rel)).iter_batches(columns=columns):
+            for batch in iter_batches(store, rel, columns):
                 yield from batch.to_pylist()
 
 
