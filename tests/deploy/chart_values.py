@@ -43,7 +43,9 @@ MULTI_NODE_GPU = {
     "image": {"registry": "ghcr.io/example", "tag": "1.2.3", "pullPolicy": "Always", "pullSecrets": ["ghcr"]},
     "s3": {"credentialsSecret": "lmforge-s3", "region": "us-east-1"},
     "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/lmforge"}},
-    "dataprep": {"enabled": True, "workers": 64, "parallelism": 32, "processesPerWorker": 4},
+    "dataprep": {"enabled": True, "workers": 64, "parallelism": 32, "processesPerWorker": 4,
+                 "stages": {"dedup": {"tasks": 32, "parallelism": 16},
+                            "shards": {"tasks": 64, "parallelism": 32, "processes": 2}}},
     "training": {
         "enabled": True,
         "run": "cc-1p3b-v1",

@@ -173,9 +173,11 @@ def test_uploader_restore_and_watch_commands(name):
 
 @pytest.mark.parametrize("name", SETS)
 def test_dataprep_commands(name):
+    commands = []
     for where, _pod, c in _containers(name, "dataprep"):
         assert c["command"] == ["lmforge-dataprep"], where
         args = DATAPREP.parse_args(c["args"])  # exits (SystemExit) on an unknown command or flag
+        commands.append(args.command)
         assert args.output.startswith("s3://")
         if args.command == "run":
             assert args.worker_index is None and args.num_workers >= 1  # index from JOB_COMPLETION_INDEX
@@ -183,9 +185,12 @@ def test_dataprep_commands(name):
             if name == "cpu-only":
                 assert load_dataprep_config(None, args.overrides).langid.threshold == 0.5
             assert (args.pushgateway is None) == (name == "observability-off")
-        else:
-            assert args.command == "finalize" and not args.overrides  # reuses the workers' recorded config
-            assert DATAPREP.load_config(args) is None
+        else:  # a global stage: its Job's tasks split as the CLI splits them
+            assert args.command in ("dedup", "cluster", "tokenizer", "tokenize", "shards", "report"), where
+            assert not args.overrides and DATAPREP.load_config(args) is None  # reuses the workers' recorded config
+            if args.command in ("dedup", "tokenize", "shards"):
+                assert args.worker_index is None and args.num_workers >= 1 and args.workers >= 1, where
+    assert commands in ([], ["run", "dedup", "cluster", "tokenizer", "tokenize", "shards", "report"])
 
 
 @pytest.mark.parametrize("name", SETS)

@@ -259,14 +259,17 @@ def _dataprep(**settings) -> dict:
     return {"dataprep": {"enabled": True, "workers": 4, "parallelism": 2, **settings}}
 
 
+ROLES = ("workers", "dedup", "cluster", "tokenizer", "tokenize", "shards", "report")
+
+
 def test_dataprep_jobs_are_named_after_the_run_default_the_output():
     jobs = _dataprep_jobs(_render(_dataprep(output="s3://lmforge/datasets/CC-MAIN-2024-22/")))
-    assert set(jobs) == {"lmforge-dataprep-cc-main-2024-22-workers", "lmforge-dataprep-cc-main-2024-22-finalize"}
+    assert set(jobs) == {f"lmforge-dataprep-cc-main-2024-22-{role}" for role in ROLES}
     for job in jobs.values():
         assert job["metadata"]["labels"]["lmforge.io/run"] == "cc-main-2024-22"
         assert job["spec"]["template"]["metadata"]["labels"]["lmforge.io/run"] == "cc-main-2024-22"
     named = _dataprep_jobs(_render(_dataprep(run="2024")))
-    assert set(named) == {"lmforge-dataprep-2024-workers", "lmforge-dataprep-2024-finalize"}
+    assert set(named) == {f"lmforge-dataprep-2024-{role}" for role in ROLES}
     assert {j["metadata"]["labels"]["lmforge.io/run"] for j in named.values()} == {"2024"}  # a string label
 
 
@@ -276,7 +279,7 @@ def test_an_upgrade_that_starts_another_run_never_changes_an_existing_job():
     first = _dataprep_jobs(_render(_dataprep(run="first", output="s3://lmforge/datasets/first")))
     second = _dataprep_jobs(_upgrade({"image": {"tag": "2.0.0"},
                                       **_dataprep(run="second", output="s3://lmforge/datasets/second", workers=8)}))
-    assert len(first) == len(second) == 2 and not set(first) & set(second)
+    assert len(first) == len(second) == len(ROLES) and not set(first) & set(second)
     # The same run upgraded with the same values renders the same Jobs, unchanged.
     again = _dataprep_jobs(_upgrade(_dataprep(run="first", output="s3://lmforge/datasets/first")))
     assert again == first
@@ -290,10 +293,12 @@ def test_long_run_names_are_cut_distinct_and_leave_room_for_the_worker_index():
     names = []
     for run in ("a" * 40, "a" * 39 + "b"):
         jobs = _dataprep_jobs(_render({**_dataprep(run=run), "fullnameOverride": "f" * 40}))
-        workers = next(n for n in jobs if n.endswith("-workers"))
-        # Indexed-Job pods take the host name <job>-<index>, a DNS label of at most 63 characters.
-        assert len(f"{workers}-{9999999}") <= 63 and all(DNS_LABEL.match(n) for n in jobs), jobs
-        names.append(workers)
+        assert len(jobs) == len(ROLES) and all(DNS_LABEL.match(n) for n in jobs), jobs
+        for name, job in jobs.items():
+            # Indexed-Job pods take the host name <job>-<index>, a DNS label of at most 63 characters.
+            if job["spec"].get("completionMode") == "Indexed":
+                assert len(f"{name}-{9999999}") <= 63, name
+        names.append(next(n for n in jobs if n.endswith("-workers")))
     assert names[0] != names[1]
 
 
@@ -309,4 +314,4 @@ def test_every_dataprep_pod_keeps_the_run_label_and_the_batch_network_policy():
     for job in _dataprep_jobs(objects).values():
         labels = job["spec"]["template"]["metadata"]["labels"]
         assert labels["lmforge.io/run"] == "r1" and _selects(batch["spec"]["podSelector"], labels)
-        assert [c["name"] for c in containers(job["spec"]["template"]["spec"])] in (["dataprep"], ["finalize"])
+        assert [c["name"] for c in containers(job["spec"]["template"]["spec"])] == ["dataprep"]

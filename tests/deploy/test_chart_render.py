@@ -155,6 +155,8 @@ def test_the_schema_accepts_every_value_set_and_open_dependency_sections(chart):
                    "scheduling": {"volcano": {"queue": "q", "minAvailable": 1}}}}, "Trainer v2 gangs every pod"),
     ({"inference": {"config": {"api_keys_file": "/k"}}}, "inference.apiKeys.secretName"),
     ({"dataprep": {"enabled": True, "workers": 2, "parallelism": 4}}, "dataprep.parallelism"),
+    ({"dataprep": {"enabled": True, "stages": {"tokenize": {"tasks": 4, "parallelism": 9}}}},
+     "dataprep.stages.tokenize.parallelism (9) must not exceed its tasks (4)"),
     ({"inference": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas"),
 ])
 def test_inconsistent_values_fail_the_render_with_a_message(values, message):
@@ -528,19 +530,55 @@ def test_monitor_selectors_match_the_pods_and_ports_they_scrape():
     assert "metrics_port=9401" in container(master["spec"], "uploader")["args"]
 
 
-def test_dataprep_indexed_workers_then_finalize_hook():
+GLOBAL_STAGES = ["dedup", "cluster", "tokenizer", "tokenize", "shards", "report"]
+INDEXED_STAGES = {"dedup", "tokenize", "shards"}
+
+
+def test_dataprep_indexed_workers_then_one_hook_job_per_global_stage():
     jobs = {j["metadata"]["name"]: j for j in find(list(rendered("multi-node-gpu")), "Job")}
     # Named after the run: by default the output's last segment.
-    workers = jobs["lmforge-dataprep-cc-main-2024-22-workers"]
-    finalize = jobs["lmforge-dataprep-cc-main-2024-22-finalize"]
+    prefix = "lmforge-dataprep-cc-main-2024-22-"
+    workers = jobs[prefix + "workers"]
     spec = workers["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == 64 and spec["parallelism"] == 32
     assert spec["template"]["spec"]["restartPolicy"] == "Never" and spec["backoffLimitPerIndex"] == 2
     args = container(spec["template"]["spec"], "dataprep")["args"]
     assert args[args.index("--num-workers") + 1] == "64" and args[args.index("--workers") + 1] == "4"
     assert "--worker-index" not in args  # JOB_COMPLETION_INDEX, set by Kubernetes
-    assert finalize["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
-    assert container(finalize["spec"]["template"]["spec"], "finalize")["args"][0] == "finalize"
+    assert "annotations" not in workers["metadata"]  # not a hook: --wait-for-jobs waits for it first
+
+    # No single pod runs the global stages: one hook Job each, run by Helm in ascending weight.
+    stages = {name.removeprefix(prefix): job for name, job in jobs.items()
+              if name.startswith(prefix) and name != prefix + "workers"}
+    assert set(stages) == set(GLOBAL_STAGES)
+    weights = {name: int(job["metadata"]["annotations"]["helm.sh/hook-weight"]) for name, job in stages.items()}
+    assert sorted(stages, key=weights.get) == GLOBAL_STAGES and len(set(weights.values())) == len(GLOBAL_STAGES)
+    tasks = {"dedup": 32, "tokenize": 8, "shards": 64}  # the set's and the chart's defaults
+    parallelism = {"dedup": 16, "tokenize": 8, "shards": 32}
+    for name, job in stages.items():
+        annotations, spec = job["metadata"]["annotations"], job["spec"]
+        assert annotations["helm.sh/hook"] == "post-install,post-upgrade", name
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation", name
+        pod = spec["template"]["spec"]
+        (c,) = containers(pod)
+        output = args[args.index("--output") + 1]
+        assert c["command"] == ["lmforge-dataprep"] and c["args"][:3] == [name, "--output", output]
+        assert "--worker-index" not in c["args"] and "--set" not in c["args"]  # the workers' recorded config
+        assert c["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+        assert {v["name"]: v["emptyDir"]["sizeLimit"] for v in pod["volumes"]} == {"tmp": "10Gi"}
+        rules = spec["podFailurePolicy"]["rules"]
+        assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": c["name"], "operator": "In",
+                                                                  "values": [2, 3]}}
+        assert rules[1]["action"] == "Ignore" and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
+        if name in INDEXED_STAGES:
+            assert spec["completionMode"] == "Indexed", name
+            assert (spec["completions"], spec["parallelism"]) == (tasks[name], parallelism[name])
+            assert spec["backoffLimitPerIndex"] == 2 and spec["maxFailedIndexes"] == 0
+            assert c["args"][3:] == ["--num-workers", str(tasks[name]),
+                                     "--workers", "2" if name == "shards" else "1"]
+        else:
+            assert "completionMode" not in spec and "completions" not in spec, name
+            assert spec["backoffLimit"] == 2 and c["args"][3:] == []
 
 
 @pytest.mark.parametrize("name", ["default", "multi-node-gpu", "cpu-only"])

@@ -32,3 +32,15 @@ def test_dataprep_jobs_run_real_cli_commands():
     worker_args = CLI.parse_args(workers["template"]["spec"]["containers"][0]["args"])
     assert worker_args.command == "run" and worker_args.worker_index is None  # taken from JOB_COMPLETION_INDEX
     assert worker_args.num_workers == workers["completions"]
+    # Then one Job per global stage, in order; the Indexed ones split the stage's tasks.
+    stages = [name.removeprefix("lmforge-dataprep-") for name in jobs if name != "lmforge-dataprep-workers"]
+    assert stages == ["dedup", "cluster", "tokenizer", "tokenize", "shards", "report"]
+    for stage in stages:
+        spec = jobs[f"lmforge-dataprep-{stage}"]["spec"]
+        args = CLI.parse_args(spec["template"]["spec"]["containers"][0]["args"])
+        assert args.command == stage and args.output == worker_args.output
+        if stage in ("dedup", "tokenize", "shards"):
+            assert spec["completionMode"] == "Indexed" and spec["maxFailedIndexes"] == 0
+            assert args.worker_index is None and args.num_workers == spec["completions"]
+        else:
+            assert "completionMode" not in spec

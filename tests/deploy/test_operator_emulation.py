@@ -9,7 +9,8 @@ loopback S3 server, Pushgateway and each other.
 - Deployment: the inference server answers the probe paths it declares, and a completion with the
   key from the mounted Secret.
 - CronJob: the canary passes against that Deployment's Service and pushes its result.
-- Indexed Job + finalize Job: data prep from WET files in S3 to shards in S3.
+- Indexed Job of workers, then one Job per global stage in hook-weight order (as Helm runs them),
+  the Indexed ones pod by pod: data prep from WET files in S3 to shards in S3.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -310,10 +312,38 @@ def test_canary_cronjob_passes_against_the_service_and_pushes_its_result(serving
     assert pushed_value(pushgateway, "lmforge_canary_perplexity", **group) == pytest.approx(result["perplexity"])
 
 
-# -- data prep: the Indexed Job, then the finalize Job --------------------------------------------
+# -- data prep: the workers' Indexed Job, then a Job per global stage ---------------------------------
 
 
-def test_dataprep_indexed_job_workers_then_finalize(s3_endpoint, pushgateway, tmp_path):
+def run_job(cluster: Cluster, job: dict, timeout: float) -> list[Pod]:
+    """A Job's pods as its controller runs them: an Indexed Job's `completions` pods, `parallelism`
+    at a time, each with its JOB_COMPLETION_INDEX; any other Job's one pod."""
+    name, spec = job["metadata"]["name"], job["spec"]
+    if spec.get("completionMode") != "Indexed":
+        return [run_job_pod(cluster, f"{name}-0", spec["template"], timeout=timeout)]
+    pods = []
+    completions, parallelism = spec["completions"], spec["parallelism"]
+    for first in range(0, completions, parallelism):
+        indices = range(first, min(first + parallelism, completions))
+        wave = [cluster.pod(f"{name}-{i}", spec["template"]) for i in indices]
+        for index, pod in enumerate(wave, start=first):
+            pod.start_main({"JOB_COMPLETION_INDEX": str(index)})
+        for pod in wave:
+            for started in pod.main():
+                started.wait(timeout)
+        pods += wave
+    return pods
+
+
+def hook_jobs_in_helm_order(objects: list[dict]) -> list[dict]:
+    """The post-install hook Jobs in the order Helm runs them: ascending weight, then name."""
+    hooks = [j for j in find(objects, "Job") if "post-install" in j["metadata"].get("annotations", {}).get(
+        "helm.sh/hook", "").split(",")]
+    return sorted(hooks, key=lambda j: (int(j["metadata"]["annotations"].get("helm.sh/hook-weight", "0")),
+                                        j["metadata"]["name"]))
+
+
+def test_dataprep_indexed_job_workers_then_every_stage_job(s3_endpoint, pushgateway, tmp_path):
     client = make_bucket(s3_endpoint, "emu-data")
     for seed in (1, 2):
         wet = tmp_path / f"in-{seed}.warc.wet.gz"
@@ -322,27 +352,23 @@ def test_dataprep_indexed_job_workers_then_finalize(s3_endpoint, pushgateway, tm
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         client.upload_file(str(wet), "emu-data", f"wet/in-{seed}.warc.wet.gz")
+    indexed = {"tasks": 2, "parallelism": 2}
     objects = render({**s3_values(s3_endpoint), "dataprep": {
         "enabled": True, "input": ["s3://emu-data/wet/*.warc.wet.gz"], "output": "s3://emu-data/datasets/emu",
-        "workers": 2, "parallelism": 2, "finalize": {"processes": 2},
+        "workers": 2, "parallelism": 2,
+        "stages": {"dedup": {"tasks": 3, "parallelism": 2}, "tokenize": indexed, "shards": indexed},
         "config": {"tokenizer": {"vocab_size": 600}, "shards": {"val_fraction": 0.05}}}})
     # Named after the run, by default the output's last segment.
     (workers,) = find(objects, "Job", "lmforge-dataprep-emu-workers")
-    (finalize,) = find(objects, "Job", "lmforge-dataprep-emu-finalize")
+    stages = hook_jobs_in_helm_order(objects)
+    assert [j["metadata"]["name"] for j in stages] == [
+        f"lmforge-dataprep-emu-{s}" for s in ("dedup", "cluster", "tokenizer", "tokenize", "shards", "report")]
     assert workers["spec"]["completionMode"] == "Indexed"
-    completions, parallelism = workers["spec"]["completions"], workers["spec"]["parallelism"]
+    completions = workers["spec"]["completions"]
 
     with Cluster(tmp_path / "cluster", objects, SECRETS) as cluster:
         cluster.register(*PUSHGATEWAY_SERVICE, int(pushgateway.rsplit(":", 1)[1]))
-        pods = []
-        for first in range(0, completions, parallelism):  # `parallelism` pods at a time
-            wave = [cluster.pod(f"{workers['metadata']['name']}-{i}", workers["spec"]["template"])
-                    for i in range(first, min(first + parallelism, completions))]
-            for index, pod in enumerate(wave, start=first):  # the Job controller's JOB_COMPLETION_INDEX
-                pod.start_main({"JOB_COMPLETION_INDEX": str(index)})
-            for pod in wave:
-                pod.containers["dataprep"].wait(240)
-            pods += wave
+        pods = run_job(cluster, workers, timeout=240)
         for index, pod in enumerate(pods):
             assert pod.exit_codes() == {"dataprep": 0}, pod.report()
             (done,) = pod.containers["dataprep"].events("worker_complete")
@@ -351,8 +377,11 @@ def test_dataprep_indexed_job_workers_then_finalize(s3_endpoint, pushgateway, tm
                   if g["labels"].get("job") == "lmforge-dataprep"}
         assert {str(i) for i in range(completions)} <= pushed
 
-        final = run_job_pod(cluster, f"{finalize['metadata']['name']}-0", finalize["spec"]["template"], timeout=300)
-        assert final.exit_codes() == {"finalize": 0}, final.report()
+        # As Helm runs the hooks: one Job at a time, each to completion, the Indexed ones pod by pod.
+        for job in stages:
+            pods = run_job(cluster, job, timeout=300)
+            assert len(pods) == job["spec"].get("completions", 1), job["metadata"]["name"]
+            assert all(pod.exit_codes() == {"dataprep": 0} for pod in pods), failures(pods)
 
     stored = keys(client, "emu-data", "datasets/emu/")
     manifest = json.loads(client.get_object(Bucket="emu-data", Key="datasets/emu/manifest.json")["Body"].read())
@@ -360,3 +389,7 @@ def test_dataprep_indexed_job_workers_then_finalize(s3_endpoint, pushgateway, tm
     assert {s["split"] for s in manifest["shards"]} == {"train", "val"}
     assert all(f"datasets/emu/{s['path']}" in stored for s in manifest["shards"])
     assert {"datasets/emu/tokenizer.json", "datasets/emu/report.json"} <= stored
+    # Each shards pod wrote its own partitions' shards: shards/{split}_{partition}_{k}.bin.
+    partitions = {re.fullmatch(r"shards/train_(\d{6})_\d{4}\.bin", s["path"]).group(1)
+                  for s in manifest["shards"] if s["split"] == "train"}
+    assert partitions == {"000000", "000001"}  # one per input (shards.inputs_per_partition: 1)

@@ -82,7 +82,8 @@ def data_run(build, compiled, store, tmp_path_factory):
         client.upload_file(path, BUCKET, f"datasets/sample/wet/{os.path.basename(path)}")
     runner = PipelineRunner(compiled["data"], tmp_path_factory.mktemp("data-steps"), env=env, network="host")
     outputs = runner.run({"crawl": "sample", "shards": 2, "workers": 2, "languages": "en", "output": DATA,
-                          "processes_per_worker": 1, "finalize_processes": 1, "dataprep_config": DATAPREP_CONFIG})
+                          "processes_per_worker": 1, "dedup_tasks": 2, "tokenize_tasks": 1, "shard_tasks": 2,
+                          "processes_per_task": 1, "dataprep_config": DATAPREP_CONFIG})
     print("".join(f"\n{step.task} ({step.image}): {step.seconds:.0f}s" for step in runner.steps))
     return runner, outputs
 
@@ -91,10 +92,16 @@ def test_data_pipeline_steps_run_in_the_dataprep_image(data_run, compiled, store
     runner, outputs = data_run
     client, _ = store
     ran = [step.task for step in runner.steps]
-    assert ran == ["fetch-wet", "plan-workers", "prep-worker", "prep-worker", "finalize-data"]
+    assert ran == ["fetch-wet", "plan-workers", "prep-worker", "prep-worker", "plan-tasks", "dedup-task",
+                   "dedup-task", "cluster-duplicates", "train-tokenizer", "plan-tasks-2", "tokenize-task",
+                   "plan-tasks-3", "shards-task", "shards-task", "report-data"]
     assert {step.image for step in runner.steps} == {f"lmforge/dataprep:{TAG}"}
     assert {f"exec-{task}" for task in ran} == _executors(compiled["data"])  # every component ran
     assert [step.executor_input["inputs"]["parameterValues"]["worker_index"] for step in runner.steps[2:4]] == [0, 1]
+    fanned = [(step.task, step.executor_input["inputs"]["parameterValues"]["task_index"]) for step in runner.steps
+              if step.task.endswith("-task")]
+    assert fanned == [("dedup-task", 0), ("dedup-task", 1), ("tokenize-task", 0), ("shards-task", 0),
+                      ("shards-task", 1)]
     # The shards are in the object store, listed by the manifest, with the report.
     assert outputs == {"data": DATA}
     keys = set(_keys(client, "datasets/sample/"))

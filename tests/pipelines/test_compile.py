@@ -12,6 +12,9 @@ from lmforge_pipelines.images import DATAPREP_IMAGE, IMAGE_REGISTRY, IMAGE_TAG, 
 
 DATA_UI = {"crawl": ("STRING", "sample"), "shards": ("NUMBER_INTEGER", 2), "languages": ("STRING", "en"),
            "workers": ("NUMBER_INTEGER", 2), "output": ("STRING", "s3://lmforge/datasets/sample"),
+           # the chart's dataprep.stages defaults
+           "dedup_tasks": ("NUMBER_INTEGER", 8), "tokenize_tasks": ("NUMBER_INTEGER", 8),
+           "shard_tasks": ("NUMBER_INTEGER", 8), "processes_per_task": ("NUMBER_INTEGER", 1),
            "dataprep_config": ("STRUCT", {})}
 TRAIN_UI = {"data": ("STRING", "s3://lmforge/datasets/sample"), "model_preset": ("STRING", "tiny"),
             "steps": ("NUMBER_INTEGER", 1000), "nodes": ("NUMBER_INTEGER", 1), "gpus_per_node": ("NUMBER_INTEGER", 1),
@@ -65,25 +68,48 @@ def test_pipeline_spec_is_valid_ir_with_the_ui_parameters(compiled, name, ui, pi
         assert task["componentRef"]["name"] in raw["components"]
 
 
-def test_data_pipeline_fans_out_over_workers_and_collects(compiled):
+def test_data_pipeline_fans_out_every_split_stage_and_collects(compiled):
     raw, spec = compiled["data"]
     tasks = spec.root.dag.tasks
-    assert set(tasks) == {"fetch-wet", "plan-workers", "for-loop-1", "finalize-data"}
-    loop = tasks["for-loop-1"]
-    assert loop.WhichOneof("iterator") == "parameter_iterator"
-    assert loop.parameter_iterator.items.input_parameter == "pipelinechannel--plan-workers-Output"
-    assert "plan-workers" in loop.dependent_tasks
-    # finalize takes the workers' outputs fanned in (dsl.Collected), so it runs after all of them.
-    finalize = tasks["finalize-data"]
-    assert finalize.inputs.parameters["workers_done"].task_output_parameter.producer_task == "for-loop-1"
-    assert set(finalize.dependent_tasks) == {"for-loop-1"}
-    outputs = raw["components"]["comp-finalize-data"]["outputDefinitions"]["artifacts"]
+    assert set(tasks) == {"fetch-wet", "plan-workers", "for-loop-1", "plan-tasks", "for-loop-2", "cluster-duplicates",
+                          "train-tokenizer", "plan-tasks-2", "for-loop-3", "plan-tasks-3", "for-loop-4", "report-data"}
+    # One ParallelFor per split stage, over its plan step's indices, the task count passed to each.
+    loops = {"for-loop-1": ("plan-workers", "prep-worker", "workers"),
+             "for-loop-2": ("plan-tasks", "dedup-task", "dedup_tasks"),
+             "for-loop-3": ("plan-tasks-2", "tokenize-task", "tokenize_tasks"),
+             "for-loop-4": ("plan-tasks-3", "shards-task", "shard_tasks")}
+    for name, (plan, step, count) in loops.items():
+        loop = tasks[name]
+        assert loop.WhichOneof("iterator") == "parameter_iterator"
+        assert loop.parameter_iterator.items.input_parameter == f"pipelinechannel--{plan}-Output"
+        assert set(loop.dependent_tasks) == {plan}
+        (inner,) = spec.components[loop.component_ref.name].dag.tasks.values()
+        assert inner.component_ref.name == f"comp-{step}"
+        assert inner.inputs.parameters["num_workers" if step == "prep-worker" else "num_tasks"] \
+            .component_input_parameter == f"pipelinechannel--{count}"
+        if plan != "plan-workers":
+            stage = tasks[plan].inputs.parameters["stage"].runtime_value.constant.string_value
+            assert step == f"{stage}-task"
+    # The stages run in order: each step after a loop takes its tasks' outputs fanned in
+    # (dsl.Collected), so it runs after all of them.
+    order = ["for-loop-1", "plan-tasks", "for-loop-2", "cluster-duplicates", "train-tokenizer", "plan-tasks-2",
+             "for-loop-3", "plan-tasks-3", "for-loop-4", "report-data"]
+    for before, after in zip(order, order[1:]):
+        assert set(tasks[after].dependent_tasks) == {before}, after
+        if before.startswith("for-loop"):  # dsl.Collected
+            assert tasks[after].inputs.parameters["done"].task_output_parameter.producer_task == before
+    # No task output hides in a constant as a placeholder (a list holding one): not every runner resolves those.
+    assert "{{$.inputs.parameters" not in str(raw["root"]["dag"])
+    outputs = raw["components"]["comp-report-data"]["outputDefinitions"]["artifacts"]
     assert outputs["report"]["artifactType"]["schemaTitle"] == "system.HTML"
     assert outputs["dataset"]["artifactType"]["schemaTitle"] == "system.Dataset"
     assert set(raw["root"]["outputDefinitions"]["artifacts"]) == {"dataset", "report"}
     for executor in raw["deploymentSpec"]["executors"].values():
         assert executor["container"]["image"] == DATAPREP_IMAGE
         assert "pip install" not in " ".join(executor["container"]["command"])  # kfp comes with the image
+    # A global-stage task asks for what the chart's stage pods ask for (one CPU, 2 GiB).
+    dedup = raw["deploymentSpec"]["executors"]["exec-dedup-task"]["container"]["resources"]
+    assert (dedup["resourceCpuRequest"], dedup["resourceMemoryLimit"]) == ("1", "2Gi")
 
 
 def test_train_pipeline_chain_and_conditional_rollout(compiled):

@@ -47,8 +47,9 @@ def data_run(kfp_local):
     from lmforge_pipelines.data_pipeline import data_pipeline
 
     write_sample_inputs(kfp_local / "data" / steps.WET_DIR, 2, 150)  # where the fetch step takes them
-    task = data_pipeline(crawl="sample", shards=2, workers=2, languages="en",
-                         output=str(kfp_local / "data"), finalize_processes=1, dataprep_config=DATAPREP_CONFIG)
+    task = data_pipeline(crawl="sample", shards=2, workers=2, languages="en", output=str(kfp_local / "data"),
+                         dedup_tasks=2, tokenize_tasks=2, shard_tasks=2, processes_per_task=1,
+                         dataprep_config=DATAPREP_CONFIG)
     return kfp_local, task.outputs
 
 
@@ -71,8 +72,12 @@ def test_data_pipeline_writes_decodable_shards_and_the_report_artifact(data_run)
     assert outputs["data"] == str(data)
     manifest = json.loads((data / "manifest.json").read_text())
     # Both workers' inputs made it into the shards (their per-input stats exist), deduplicated globally.
-    done = sorted(p.name for p in (data / "work" / "done").iterdir() if p.name.startswith("input-"))
-    assert done == ["input-000000", "input-000001"]
+    done = sorted(p.name for p in (data / "work" / "done").iterdir())
+    assert {"input-000000", "input-000001"} <= set(done)
+    # and so did each fan-out task's share: both inputs tokenized, both shard partitions written.
+    assert {"tokenize-000000", "tokenize-000001"} <= set(done)
+    partitions = sorted(p.name for p in (data / "work" / "shards").iterdir())
+    assert partitions == ["partition-000000.json", "partition-000001.json"]
     report = json.loads((data / "report.json").read_text())
     assert report["inputs"]["records"] == 300 and report["dedup"]["removed"]["near_duplicate"] > 0
     assert set(report["languages"]) - {"en"}, "the corpus has other languages; only en is kept"

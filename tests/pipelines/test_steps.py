@@ -70,6 +70,19 @@ def test_run_name_and_workers():
         steps.plan_workers(0)
 
 
+def test_stage_tasks_are_checked_before_the_cli_runs(tmp_path):
+    assert steps.plan_tasks("shards", 3) == [0, 1, 2]
+    with pytest.raises(steps.StepError, match="tokenize tasks must be at least 1"):
+        steps.plan_tasks("tokenize", 0)
+    with pytest.raises(steps.StepError, match="'cluster' is not one of the split stages"):
+        steps.plan_tasks("cluster", 2)
+    with pytest.raises(steps.StepError, match=r"dedup task_index 2 is not in \[0, 2\)"):
+        steps.stage_task(stage="dedup", output=str(tmp_path), task_index=2, num_tasks=2)
+    with pytest.raises(steps.StepError, match="'finalize' is not a global data-prep stage"):
+        steps.stage_task(stage="finalize", output=str(tmp_path))
+    assert not any(tmp_path.iterdir())
+
+
 def test_fetch_sample_takes_the_placed_files_and_records_them(tmp_path):
     out = tmp_path / "data"
     with pytest.raises(steps.StepError, match=r"reads 2 WET file\(s\) placed .* holds 0: .*lmforge-sample-data"):

@@ -47,17 +47,72 @@ def prep_worker(output: str, worker_index: int, num_workers: int, languages: str
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
-def finalize_data(output: str, workers_done: list[str], processes: int, dataset: Output[Dataset],
-                  report: Output[HTML], metrics: Output[Metrics]) -> str:
-    """Global near-dup, tokenizer, shards and report once every worker is done. `dataset` points
-    at the prepared data (its file is manifest.json; the data stays at `output`), `report` is
+def plan_tasks(stage: str, tasks: int, done: list[str]) -> list[int]:
+    """Task indices 0..tasks-1 of a split stage (the ParallelFor items), once the stage before
+    it is done (`done`: its tasks' outputs, fanned in)."""
+    from lmforge_pipelines import steps
+
+    print(f"{stage}: {tasks} tasks, after {done}")
+    return steps.plan_tasks(stage, tasks)
+
+
+@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
+def dedup_task(output: str, task_index: int, num_tasks: int, processes: int) -> str:
+    """One dedup task: its slice of the dedup partitions (LSH bands, URL, content)."""
+    from lmforge_pipelines import steps
+
+    return steps.stage_task(stage="dedup", output=output, task_index=task_index, num_tasks=num_tasks,
+                            processes=processes)
+
+
+@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
+def cluster_duplicates(output: str, done: list[str]) -> str:
+    """Connected components over every dedup partition's edges (one task)."""
+    from lmforge_pipelines import steps
+
+    print(f"after {done}")
+    return steps.stage_task(stage="cluster", output=output)
+
+
+@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
+def train_tokenizer(output: str) -> str:
+    """The BPE tokenizer, trained on the workers' bounded sample (one task)."""
+    from lmforge_pipelines import steps
+
+    return steps.stage_task(stage="tokenizer", output=output)
+
+
+@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
+def tokenize_task(output: str, task_index: int, num_tasks: int, processes: int) -> str:
+    """One tokenize task: its slice of the inputs."""
+    from lmforge_pipelines import steps
+
+    return steps.stage_task(stage="tokenize", output=output, task_index=task_index, num_tasks=num_tasks,
+                            processes=processes)
+
+
+@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
+def shards_task(output: str, task_index: int, num_tasks: int, processes: int) -> str:
+    """One shard-writing task: its slice of the shard partitions, each shuffled and written on
+    its own."""
+    from lmforge_pipelines import steps
+
+    return steps.stage_task(stage="shards", output=output, task_index=task_index, num_tasks=num_tasks,
+                            processes=processes)
+
+
+@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
+def report_data(output: str, done: list[str], dataset: Output[Dataset], report: Output[HTML],
+                metrics: Output[Metrics]) -> str:
+    """The manifest and the report once every shard task is done. `dataset` points at the
+    prepared data (its file is manifest.json; the data stays at `output`), `report` is
     report.html for the UI's visualization. Returns the data location for the train pipeline."""
     import json
 
     from lmforge_pipelines import steps
 
-    print(f"{len(workers_done)} workers done: {workers_done}")
-    result = steps.finalize(output=output, processes=processes)
+    print(f"{len(done)} shard tasks done: {done}")
+    result = steps.report(output=output)
     with open(report.path, "w", encoding="utf-8") as f:
         f.write(result["report_html"])
     with open(dataset.path, "w", encoding="utf-8") as f:

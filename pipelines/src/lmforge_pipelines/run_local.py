@@ -27,7 +27,8 @@ def build_cli() -> ServiceCli:
                         'lmforge-sample-data) or a crawl id')
     parser.add_argument("--shards", type=int, default=2, help="WET files (generated, or the crawl's first N)")
     parser.add_argument("--docs-per-shard", type=int, default=1500, help="documents per generated WET file")
-    parser.add_argument("--workers", type=int, default=2, help="data-prep workers (ParallelFor)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="data-prep workers, and tasks of each split global stage (ParallelFor)")
     parser.add_argument("--languages", default="en")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--shard-tokens", type=int, default=200_000)
@@ -56,7 +57,8 @@ def _run(args: argparse.Namespace, _config: None) -> int:
         write_sample_inputs(wet, args.shards, args.docs_per_shard)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "kfp"))
     data = data_pipeline(crawl=args.crawl, shards=args.shards, workers=args.workers, languages=args.languages,
-                         output=str(workdir / "data"), finalize_processes=args.workers,
+                         output=str(workdir / "data"), dedup_tasks=args.workers, tokenize_tasks=args.workers,
+                         shard_tasks=args.workers,
                          dataprep_config={"tokenizer": {"vocab_size": args.vocab_size},
                                           "shards": {"shard_tokens": args.shard_tokens,
                                                      "val_fraction": args.val_fraction}})

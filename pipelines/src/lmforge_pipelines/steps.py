@@ -219,13 +219,46 @@ def prep_worker(*, output: str, worker_index: int, num_workers: int, languages: 
     return f"worker {worker_index}/{num_workers} done"
 
 
-def finalize(*, output: str, processes: int = 1) -> dict[str, Any]:
-    """The global stages (near-dup clustering, tokenizer, tokenize, shards, report) over the
-    workers' output. Returns {"report_html", "manifest", "report"} read back from `output`."""
+# The global stages after the workers, in order; the Indexed ones are split into tasks (each
+# task runs its slice of the stage's work: dedup partitions, inputs, shard partitions).
+GLOBAL_STAGES = ("dedup", "cluster", "tokenizer", "tokenize", "shards", "report")
+INDEXED_STAGES = ("dedup", "tokenize", "shards")
+
+
+def plan_tasks(stage: str, tasks: int) -> list[int]:
+    """Task indices 0..tasks-1 of an Indexed stage (a ParallelFor's items)."""
+    if stage not in INDEXED_STAGES:
+        raise StepError(f"{stage!r} is not one of the split stages {INDEXED_STAGES}")
+    if tasks < 1:
+        raise StepError(f"{stage} tasks must be at least 1, got {tasks}")
+    return list(range(tasks))
+
+
+def stage_task(*, stage: str, output: str, task_index: int | None = None, num_tasks: int = 1,
+               processes: int = 1) -> str:
+    """One task of a global stage over the workers' output: task `task_index` of `num_tasks` of an
+    Indexed stage (dedup, tokenize, shards), or the one task of cluster or tokenizer. Tasks
+    already marked done are skipped, so a retry redoes only what was left unfinished."""
+    if stage not in GLOBAL_STAGES or stage == "report":
+        raise StepError(f"{stage!r} is not a global data-prep stage (report: steps.report)")
+    command = [cli("lmforge-dataprep"), stage, "--output", output]
+    what = f"data-prep {stage}"
+    if stage in INDEXED_STAGES:
+        if task_index is None or not 0 <= task_index < num_tasks:
+            raise StepError(f"{stage} task_index {task_index} is not in [0, {num_tasks})")
+        command += ["--worker-index", str(task_index), "--num-workers", str(num_tasks),
+                    "--workers", str(max(1, processes))]
+        what += f" task {task_index}"
+    call(command, what=what)
+    return f"{stage} {task_index}/{num_tasks} done" if stage in INDEXED_STAGES else f"{stage} done"
+
+
+def report(*, output: str) -> dict[str, Any]:
+    """The last stage: manifest.json (from the shard partitions' entries), report.json and
+    report.html. Returns {"report_html", "manifest", "report"} read back from `output`."""
     from lmforge.common.storage import open_store
 
-    call([cli("lmforge-dataprep"), "finalize", "--output", output, "--workers", str(max(1, processes))],
-         what="data-prep finalize")
+    call([cli("lmforge-dataprep"), "report", "--output", output], what="data-prep report")
     store = open_store(output)
     return {"report_html": store.read_text("report.html"), "manifest": json.loads(store.read_text("manifest.json")),
             "report": json.loads(store.read_text("report.json"))}

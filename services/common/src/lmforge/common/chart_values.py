@@ -188,11 +188,30 @@ class Telemetry(Section, total=False):
 # -- data prep ---------------------------------------------------------------------------------------
 
 
-class DataprepFinalize(Section, total=False):
-    processes: Required[Annotated[int, Field(ge=1, le=256, description="local processes (--workers)")]]
+class DataprepStage(Section, total=False):
+    """A global stage of one task (a Job of one pod)."""
+
     backoffLimit: Required[Annotated[int, Field(ge=0, description="retries before the Job fails")]]
     tmpSizeLimit: Required[Annotated[str, Field(pattern=QUANTITY, description="size limit of the /tmp emptyDir")]]
-    resources: Required[Annotated[Resources, Field(description="resources of the finalize pod")]]
+    resources: Required[Annotated[Resources, Field(description="resources of a pod")]]
+
+
+class DataprepIndexedStage(DataprepStage, total=False):
+    """A global stage split over an Indexed Job's pods (backoffLimit: per index)."""
+
+    tasks: Required[Annotated[int, Field(ge=1, le=10000, description=(
+        "Indexed-Job completions: the stage's tasks are split into this many slices (--num-workers)"))]]
+    parallelism: Required[Annotated[int, Field(ge=1, le=10000, description="pods running at once (≤ tasks)")]]
+    processes: Required[Annotated[int, Field(ge=1, le=256, description="local processes per pod (--workers)")]]
+
+
+class DataprepStages(Section, total=False):
+    dedup: Required[Annotated[DataprepIndexedStage, Field(description="dedup, by dedup partition")]]
+    cluster: Required[Annotated[DataprepStage, Field(description="duplicate clustering (one task)")]]
+    tokenizer: Required[Annotated[DataprepStage, Field(description="tokenizer training (one task)")]]
+    tokenize: Required[Annotated[DataprepIndexedStage, Field(description="tokenization, by input")]]
+    shards: Required[Annotated[DataprepIndexedStage, Field(description="shard writing, by shard partition")]]
+    report: Required[Annotated[DataprepStage, Field(description="manifest and report (one task)")]]
 
 
 class Dataprep(PodPlacement, total=False):
@@ -213,7 +232,8 @@ class Dataprep(PodPlacement, total=False):
         "lmforge.dataprep.config:DataprepConfig", "data-prep config (nested keys, passed as key=value overrides)")]
     tmpSizeLimit: Annotated[str, Field(pattern=QUANTITY, description="size limit of the /tmp emptyDir")]
     resources: Required[Annotated[Resources, Field(description="resources of a worker")]]
-    finalize: Required[Annotated[DataprepFinalize, Field(description="the finalize Job (every global stage)")]]
+    stages: Required[Annotated[DataprepStages, Field(
+        description="the global stages, one Job each (post-install/post-upgrade hooks, in order)")]]
 
 
 # -- training ------------------------------------------------------------------------------------------
@@ -596,7 +616,7 @@ class ChartValues(Section, total=False):
     telemetry: Annotated[Telemetry, Field(
         description='where telemetry goes ("" = the bundled dependency when enabled)')]
     dataprep: Required[Annotated[Dataprep, Field(
-        description="data prep as an Indexed Job of workers and a finalize Job")]]
+        description="data prep as an Indexed Job of workers and a Job per global stage")]]
     training: Required[Annotated[Training, Field(description="one training run as a Kubeflow PyTorchJob or TrainJob")]]
     inference: Required[Annotated[Inference, Field(
         description="the inference Deployment, Service, HPA and PodDisruptionBudget")]]
