@@ -13,7 +13,8 @@ Uploads above one part size are multipart: the file is read once, in order; each
 hashed into the whole file's sha256 and its own CRC32C (which S3 verifies), then sent by the
 part pool while the next one is read (at most `concurrency` parts in memory). A failed or
 cancelled upload is aborted, so no parts are left behind. A smaller object is one PUT with its
-CRC32C. Downloads are parallel ranged GETs, each checked for its length.
+CRC32C. Downloads are parallel ranged GETs, each checked for its length; `get_range` is one of
+them (the trainer's streaming reads).
 
 Ages (of objects, of open uploads) are measured on the store's clock (the response's Date
 header against LastModified/Initiated), so a skewed local clock cannot make a live upload look
@@ -192,6 +193,23 @@ class S3Bucket:
         """The object's body to read as a stream (botocore StreamingBody: read(n), close()). The GET
         is retried; a stream that breaks later is the reader's to handle."""
         return self._call(f"get {key}", lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"])
+
+    def get_range(self, key: str, start: int, length: int) -> tuple[bytes, int]:
+        """Up to `length` bytes from `start` (one ranged GET; fewer only where the object ends) and
+        the object's whole size (from Content-Range), so the caller can check it against what it
+        expects. A missing object, or a `start` past its end, raises the ClientError (NoSuchKey,
+        InvalidRange)."""
+
+        def get():
+            response = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
+            data = response["Body"].read()
+            total_text = response.get("ContentRange", "").rpartition("/")[2]
+            total = int(total_text) if total_text.isdigit() else start + len(data)
+            if len(data) != min(length, total - start):
+                raise StorageError(f"{self.url(key)}: short read at {start}")
+            return data, total
+
+        return self._call(f"get {key}@{start}", get)
 
     def listing(self, prefix: str) -> dict[str, StoredObject]:
         """Every object under `prefix`: key → size and age."""
