@@ -65,7 +65,7 @@ def bare_step_times(data: Path, steps: int, args) -> list[float]:
     from lmforge.trainer.train import build_sampler
 
     config = TrainConfig.model_validate(trainer_config(data, Path("unused"), steps, args))
-    sampler = build_sampler(config, [data])
+    sampler = build_sampler(config)
     batches = [torch.from_numpy(sampler.batch(i, 0, 1, args.batch)[0]) for i in range(steps)]
     torch.manual_seed(config.seed)
     model = GPT(config.model.build(vocab_size=sampler.sources[0].vocab_size))

@@ -14,8 +14,9 @@ from lmforge.sample_data.token_shards import synthetic_output, write_output
 __all__ = ["random_output", "read_metrics", "write_output"]
 
 
-def random_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_000, seed: int = 0) -> Path:
-    return synthetic_output(root, vocab_size=vocab_size, train_tokens=train_tokens, seed=seed)
+def random_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_000, seed: int = 0,
+                  **options) -> Path:
+    return synthetic_output(root, vocab_size=vocab_size, train_tokens=train_tokens, seed=seed, **options)
 
 
 def read_metrics(run_dir: Path, kind: str = "step") -> list[dict]:

@@ -40,3 +40,29 @@ def test_close_stops_a_producer_that_is_ahead():
     next(iterator)
     prefetcher.close()
     assert not prefetcher._thread.is_alive()
+
+
+def test_depth_batches_load_at_once_and_arrive_in_order():
+    import threading
+    import time
+
+    loading, most = set(), [0]
+    lock = threading.Lock()
+
+    def slow(index: int):
+        with lock:
+            loading.add(index)
+            most[0] = max(most[0], len(loading))
+        time.sleep(0.2 if index % 2 else 0.05)  # later batches finish first
+        with lock:
+            loading.discard(index)
+        return batch_fn(index)
+
+    prefetcher = Prefetcher(slow, range(8), depth=4, pin_memory=False)
+    started = time.perf_counter()
+    got = [index for index, batch, _, _ in prefetcher if int(batch[0, 0]) == index]
+    elapsed = time.perf_counter() - started
+    prefetcher.close()
+    assert got == list(range(8))
+    assert most[0] == 4
+    assert elapsed < 0.8  # one at a time: 1.0 s

@@ -52,7 +52,7 @@ kueue.x-k8s.io/queue-name: {{ . | quote }}
 {{- end }}
 {{- include "lmforge.checkOwned" (dict "section" "training.config" "values" $t.config "owned" (dict
       "run_dir" "set training.run (RUN_DIR is /checkpoints/<run>)"
-      "data.cache_dir" "s3:// sources are synced to the /cache volume (training.dataCacheSizeLimit)"
+      "data.cache_dir" "s3:// sources are streamed through a block cache on the /cache volume (training.dataCacheSizeLimit)"
       "metrics.port" "set training.metricsPort"
       "device" "set training.gpusPerProcess (0: cpu, 1: cuda)"
       "checkpoint.purge_requires_upload" "true exactly when training.uploader.enabled")) }}

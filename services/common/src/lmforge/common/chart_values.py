@@ -307,7 +307,7 @@ class Training(PodPlacement, total=False):
         "lmforge.trainer.config:TrainConfig", "trainer config (nested keys, passed as key=value overrides)")]]
     checkpoints: Required[Annotated[Checkpoints, Field(description="the /checkpoints volume")]]
     dataCacheSizeLimit: Annotated[str, Field(pattern=QUANTITY,
-                                             description="size limit of the /cache emptyDir (synced data)")]
+                                             description="size limit of the /cache emptyDir (s3:// data block cache)")]
     shmSize: Annotated[str, Field(pattern=QUANTITY, description="size of the /dev/shm memory emptyDir")]
     tmpSizeLimit: Annotated[str, Field(pattern=QUANTITY, description="size limit of the /tmp emptyDir")]
     resources: Required[Annotated[Resources, Field(

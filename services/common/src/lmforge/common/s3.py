@@ -13,7 +13,8 @@ Uploads above one part size are multipart: the file is read once, in order; each
 hashed into the whole file's sha256 and its own CRC32C (which S3 verifies), then sent by the
 part pool while the next one is read (at most `concurrency` parts in memory). A failed or
 cancelled upload is aborted, so no parts are left behind. A smaller object is one PUT with its
-CRC32C. Downloads are parallel ranged GETs, each checked for its length.
+CRC32C. Downloads are parallel ranged GETs, each checked for its length; `get_range` is one of
+them (the trainer's streaming reads).
 
 Ages (of objects, of open uploads) are measured on the store's clock (the response's Date
 header against LastModified/Initiated), so a skewed local clock cannot make a live upload look
@@ -194,19 +195,33 @@ class S3Bucket:
         is retried; a stream that breaks later is the reader's to handle."""
         return self._call(f"get {key}", lambda: self.client.get_object(Bucket=self.bucket, Key=key)["Body"])
 
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        """`length` bytes of the object from `start`: one ranged GET, its length checked."""
+    def get_range_sized(self, key: str, start: int, length: int) -> tuple[bytes, int]:
+        """Up to `length` bytes from `start` (one ranged GET; fewer only where the object ends) and
+        the object's whole size (from Content-Range), so the caller can check it against what it
+        expects. A missing object, or a `start` past its end, raises the ClientError (NoSuchKey,
+        InvalidRange)."""
         if length <= 0:
-            return b""
-        end = start + length - 1
+            return b"", self.size_of(key) or 0
 
         def get():
-            data = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")["Body"].read()
-            if len(data) != length:
+            response = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
+            data = response["Body"].read()
+            total_text = response.get("ContentRange", "").rpartition("/")[2]
+            total = int(total_text) if total_text.isdigit() else start + len(data)
+            if len(data) != min(length, total - start):
                 raise StorageError(f"{self.url(key)}: short read at {start}")
-            return data
+            return data, total
 
         return self._call(f"get {key}@{start}", get)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Exactly `length` bytes of the object from `start`, or a StorageError."""
+        if length <= 0:
+            return b""
+        data, _ = self.get_range_sized(key, start, length)
+        if len(data) != length:
+            raise StorageError(f"{self.url(key)}: short read at {start} (the object ends first)")
+        return data
 
     def open_ranged(self, key: str, buffer_size: int = MIB) -> io.BufferedReader:
         """A seekable, read-only file over the object: reads are ranged GETs of what is read

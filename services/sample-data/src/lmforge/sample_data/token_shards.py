@@ -9,26 +9,27 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.common.shards import write_shard
+from lmforge.common.shards import BLOCK_BYTES, write_shard
 
 
 def write_output(root: Path, shard_tokens: dict[str, list[np.ndarray]], *, vocab_size: int,
-                 tokenizer_sha: str = "ab" * 32) -> Path:
-    """Shards per split and a manifest.json in data-prep's format."""
+                 tokenizer_sha: str = "ab" * 32, block_bytes: int = BLOCK_BYTES) -> Path:
+    """Shards per split and a manifest.json in data-prep's format (block hashes per `block_bytes`)."""
     entries = []
     (root / "shards").mkdir(parents=True, exist_ok=True)
     for split, arrays in shard_tokens.items():
         for k, tokens in enumerate(arrays):
             rel = f"shards/{split}_{k:05d}.bin"
             digest = write_shard(root / rel, tokens, np.array([len(tokens)]), eot_id=0, vocab_size=vocab_size,
-                                 tokenizer_sha256=tokenizer_sha)
+                                 tokenizer_sha256=tokenizer_sha, block_bytes=block_bytes)
             entries.append({"path": rel, "split": split, "tokens": int(len(tokens)), **digest.manifest_fields()})
     manifest = {"shards": entries, "tokenizer": {"sha256": tokenizer_sha, "vocab_size": vocab_size}}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
 
-def synthetic_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_000, seed: int = 0) -> Path:
+def synthetic_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_000, seed: int = 0,
+                     block_bytes: int = BLOCK_BYTES) -> Path:
     """A noisy repeating pattern (so a model can learn), split into two train shards and a val shard."""
     root.mkdir(parents=True, exist_ok=True)
     stand_in = json.dumps({"stand_in_tokenizer": True, "vocab_size": vocab_size}).encode()
@@ -40,4 +41,5 @@ def synthetic_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_0
     tokens[noise] = rng.integers(1, vocab_size, int(noise.sum()))
     val = tokens[: min(3000, train_tokens)]
     return write_output(root, {"train": [tokens[: train_tokens // 2], tokens[train_tokens // 2 :]], "val": [val]},
-                        vocab_size=vocab_size, tokenizer_sha=hashlib.sha256(stand_in).hexdigest())
+                        vocab_size=vocab_size, tokenizer_sha=hashlib.sha256(stand_in).hexdigest(),
+                        block_bytes=block_bytes)

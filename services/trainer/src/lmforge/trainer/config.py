@@ -35,9 +35,14 @@ class DataSection(StrictModel):
     sources: list[DataSourceSection] = Field(min_length=1)
     seq_len: int = Field(256, ge=1)
     batch_size: int = Field(8, ge=1, description="sequences per rank per micro-step")
-    verify_sha256: bool = True
-    cache_dir: str = Field("", description="where s3:// sources are synced to (default: RUN_DIR/data-cache)")
-    prefetch: int = Field(2, ge=0, description="batches prepared ahead in a background thread (0: none)")
+    verify_sha256: bool = Field(True, description="hash every local shard against manifest.json at start "
+                                "(s3:// blocks are always verified when first fetched)")
+    cache_dir: str = Field("", description="the node's cache of blocks of s3:// sources, shared by its ranks "
+                           "(default: RUN_DIR/data-cache)")
+    cache_bytes: int = Field(64 << 30, ge=1, description="bound of the block cache: least recently used blocks "
+                             "are evicted beyond it (s3:// sources are streamed, never copied whole)")
+    prefetch: int = Field(8, ge=0, description="batches loaded at once ahead of the step, in background threads "
+                          "(0: none); enough to hide the object store's latency for s3:// sources")
 
 
 class OptimSection(StrictModel):

@@ -146,11 +146,13 @@ class MixtureSampler:
 
     def _permutation(self, source: int, epoch: int) -> KeyedPermutation:
         key = (source, epoch)
-        if key not in self._perms:
+        permutation = self._perms.get(key)
+        if permutation is None:  # (the prefetcher's loader threads call this at once: no lookup after a clear)
             if len(self._perms) > 64:
                 self._perms.clear()
-            self._perms[key] = KeyedPermutation(self.sources[source].num_sequences, _hash64(self.seed, source, epoch))
-        return self._perms[key]
+            permutation = KeyedPermutation(self.sources[source].num_sequences, _hash64(self.seed, source, epoch))
+            self._perms[key] = permutation
+        return permutation
 
     def sample(self, q: int) -> SampleRef:
         if len(self.sources) == 1:

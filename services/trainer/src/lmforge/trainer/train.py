@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -25,12 +26,14 @@ import torch.distributed as dist
 from lmforge.common.errors import ConfigError, LmforgeError
 from lmforge.common.model import GPT, GPTConfig, flops_per_token, parameter_counts
 from lmforge.common.moe import update_router_biases
+from lmforge.common.storage import scheme_of
 from lmforge.trainer import faults
+from lmforge.trainer.block_cache import BlockCache
 from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_latest
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.context_parallel import context_parallel_forward, context_parallel_problems
-from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
-from lmforge.trainer.data_sync import sync_sources
+from lmforge.trainer.data import MixtureSampler, SampleRef
+from lmforge.trainer.data_stream import open_sources, read_batch
 from lmforge.trainer.expert_parallel_layout import clip_gradients_expert_parallel, expert_parallel_problems
 from lmforge.trainer.float8 import precompute_float8_scales, refuse_unsupported_float8
 from lmforge.trainer.init_from import initial_weights, load_initial_state
@@ -69,36 +72,17 @@ class StepResult:
     data_wait: float
 
 
-def local_sources(config: TrainConfig, ctx: Dist) -> list[Path]:
-    """The data-prep outputs as local directories (s3:// ones synced once per node)."""
-    cache = Path(config.data.cache_dir or Path(config.run_dir) / "data-cache")
-    uris = [s.path for s in config.data.sources]
-    group = None
-    if dist.is_initialized() and any(uri.startswith("s3://") for uri in uris):
-        # The other ranks wait while local rank 0 downloads: longer than a collective may take.
-        group = dist.new_group(backend="gloo", timeout=timedelta(hours=6))
-    try:
-        barrier = (lambda: dist.barrier(group=group)) if group is not None else (lambda: None)
-        return sync_sources(
-            uris, cache, local_rank=ctx.local_rank, barrier=barrier, verify_sha256=config.data.verify_sha256
-        )
-    finally:
-        if group is not None:
-            dist.destroy_process_group(group)
+def node_cache(config: TrainConfig) -> BlockCache | None:
+    """The node's block cache of s3:// sources (None when every source is local)."""
+    if not any(scheme_of(s.path) == "s3" for s in config.data.sources):
+        return None
+    return BlockCache(Path(config.data.cache_dir or Path(config.run_dir) / "data-cache"), config.data.cache_bytes)
 
 
-def build_sampler(config: TrainConfig, paths: list[Path], split: str = "train") -> MixtureSampler:
-    # Synced sources were checked against the manifest as they were downloaded.
-    sources = [
-        ShardSource(
-            path,
-            split,
-            config.data.seq_len,
-            name=Path(s.path.rstrip("/")).name,
-            verify_sha256=config.data.verify_sha256 and not s.path.startswith("s3://"),
-        )
-        for path, s in zip(paths, config.data.sources, strict=True)
-    ]
+def build_sampler(config: TrainConfig, split: str = "train", cache: BlockCache | None = None) -> MixtureSampler:
+    sources = open_sources([s.path for s in config.data.sources],
+                           [Path(s.path.rstrip("/")).name for s in config.data.sources], split, config.data.seq_len,
+                           cache=cache, verify_sha256=config.data.verify_sha256)
     return MixtureSampler(sources, [s.weight for s in config.data.sources], config.seed)
 
 
@@ -109,7 +93,7 @@ def evaluate(model, sampler: MixtureSampler, config: TrainConfig, ctx: Dist) -> 
     total = torch.zeros((), device=ctx.device)
     batch_size = config.data.batch_size * pipeline_microbatches(config.parallel, ctx.layout)
     for index in range(config.eval_batches):
-        tokens, _ = sampler.batch(index, ctx.dp_rank, ctx.dp_size, batch_size)
+        tokens, _ = read_batch(sampler, index, ctx.dp_rank, ctx.dp_size, batch_size)
         batch = torch.from_numpy(tokens).to(ctx.device)
         with autocast_context(config.parallel, ctx), loss_context(ctx.layout.tp):
             if isinstance(model, PipelineModel):
@@ -143,11 +127,11 @@ def train(config: TrainConfig) -> list[float]:
     try:
         if config.preflight.enabled:
             run_preflight(ctx, config.preflight, timedelta(seconds=config.parallel.timeout_seconds))
-        paths = local_sources(config, ctx)
-        sampler = build_sampler(config, paths)  # bad data fails here, before the run directory is touched
+        cache = node_cache(config)
+        sampler = build_sampler(config, cache=cache)  # bad data fails here, before the run directory is touched
         run, failed = RunLog(config, ctx), True
         try:
-            losses = Trainer(config, ctx, run, paths, sampler).train()
+            losses = Trainer(config, ctx, run, cache, sampler).train()
             failed = False
             return losses
         finally:
@@ -186,7 +170,8 @@ class Trainer:
     """One attempt at a run: resumes from the newest committed checkpoint when there is one and
     runs the steps from there to config.steps."""
 
-    def __init__(self, config: TrainConfig, ctx: Dist, run: RunLog, paths: list[Path], sampler: MixtureSampler):
+    def __init__(self, config: TrainConfig, ctx: Dist, run: RunLog, cache: BlockCache | None,
+                 sampler: MixtureSampler):
         self.config, self.ctx, self.run, self.sampler = config, ctx, run, sampler
         source = sampler.sources[0]
         self.initial_state = None  # model.init_from's weights, copied in before parallelize
@@ -221,7 +206,7 @@ class Trainer:
             purge_requires_upload=config.checkpoint.purge_requires_upload,
         )
         self.first_step, self.best_val = self._resume()
-        self.val_sampler = build_sampler(config, paths, "val") if config.eval_every else None
+        self.val_sampler = build_sampler(config, "val", cache) if config.eval_every else None
 
         self.mixture: Counter[int] = Counter()  # sequences drawn per source, this attempt
         self.nonfinite_in_a_row = 0
@@ -303,12 +288,13 @@ class Trainer:
     def _prefetcher(self) -> Prefetcher:
         """Micro-batches from the first step's on: batch index = step * grad_accum + micro-batch."""
         config, ctx = self.config, self.ctx
-        delay = faults.data_delay(ctx.rank)
+        delay, slow_loader = faults.data_delay(ctx.rank), threading.Lock()
 
         def batch_fn(index: int):
             if delay:
-                time.sleep(delay)
-            return self.sampler.batch(index, ctx.dp_rank, ctx.dp_size, config.data.batch_size * self.microbatches)
+                with slow_loader:  # one slow loader: batches loading at once do not share the delay
+                    time.sleep(delay)
+            return read_batch(self.sampler, index, ctx.dp_rank, ctx.dp_size, config.data.batch_size * self.microbatches)
 
         indices = range(self.first_step * config.grad_accum, config.steps * config.grad_accum)
         return Prefetcher(batch_fn, indices, depth=config.data.prefetch, pin_memory=ctx.device.type == "cuda")

@@ -1,0 +1,221 @@
+"""s3:// data sources read in place: a rank fetches the byte ranges its sequences lie in, as the
+manifest's blocks (`block_bytes`, 4 MiB), through the node's block cache (block_cache.py); no
+node ever copies the whole data set.
+
+- Opening a source reads manifest.json only: a shard's sequence count follows from its token
+  count, so no shard is fetched before a sequence of it is read.
+- Each block is verified once, when it is fetched: the object's size against the manifest
+  (1024 + tokens × bytes per token, from the GET's Content-Range) and the block's sha256 against
+  `block_sha256`. A manifest without block hashes (older data prep) makes the whole shard one
+  block, checked against its `sha256`. A shard's header (magic, version, token count, token
+  size, tokenizer) is checked the first time a process reads from the shard.
+- `StreamingSource` has ShardSource's interface (num_sequences, sequence(), tokenizer_sha256,
+  vocab_size, name), so MixtureSampler draws the same sequences from either and a batch stays
+  the same pure function of (seed, step, rank); `sequence()` returns the same bytes.
+- `read_batch` is MixtureSampler.batch with a batch's sequences read by a pool of threads, so a
+  batch's missing blocks are fetched in parallel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lmforge.common.errors import ConfigError, LmforgeError, ShardFormatError, StorageError
+from lmforge.common.logging import get_logger
+from lmforge.common.s3 import NOT_FOUND_CODES, S3Bucket, error_code
+from lmforge.common.shards import HEADER_BYTES, ShardHeader, token_dtype
+from lmforge.common.storage import S3Location, local_path_of, scheme_of
+from lmforge.trainer.block_cache import BlockCache
+from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
+
+MANIFEST = "manifest.json"
+FETCH_THREADS = 16  # sequences of a batch read at once (each a block fetch at worst)
+
+
+@dataclass
+class _StreamedShard:
+    key: str
+    url: str
+    tokens: int
+    size: int  # of the .bin object: header + tokens
+    block_bytes: int
+    block_sha256: list[str]
+    sequences: int
+    header_checked: bool = field(default=False)
+
+
+class StreamingSource:
+    """One split of a data-prep output under s3://BUCKET/PREFIX, read through `cache`."""
+
+    def __init__(self, uri: str, split: str, seq_len: int, cache: BlockCache, *, name: str = ""):
+        loc = S3Location.parse(uri)
+        self.uri = uri.rstrip("/")
+        self.name = name or Path(self.uri).name
+        self.seq_len, self.cache = seq_len, cache
+        self.prefix = "/".join(_safe_parts(loc.key, uri))
+        self.bucket = S3Bucket(loc.bucket, concurrency=FETCH_THREADS)
+        self.manifest = _parse_manifest(self._manifest_bytes(), self.uri)
+        self.tokenizer_sha256 = self.manifest["tokenizer"]["sha256"]
+        self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
+        self.dtype = token_dtype(self.vocab_size)
+        entries = [s for s in self.manifest["shards"] if s["split"] == split]
+        if not entries:
+            raise ConfigError(f"data source {self.uri}: no {split!r} shards in manifest.json")
+        self.shards = [s for s in map(self._shard, entries) if s.sequences > 0]
+        if not self.shards:
+            raise ConfigError(f"data source {self.uri}: {split} shards are shorter than one sequence of {seq_len}")
+        largest = max(s.block_bytes for s in self.shards)
+        if largest > cache.max_bytes:
+            raise ConfigError(f"data.cache_bytes {cache.max_bytes} is smaller than one block of {self.uri} "
+                              f"({largest} bytes)")
+        self._ends = np.cumsum([s.sequences for s in self.shards])
+        get_logger("trainer").info("data_stream_open", source=self.uri, split=split, shards=len(self.shards),
+                                   bytes=sum(s.size for s in self.shards), cache=str(cache.root),
+                                   cache_bytes=cache.max_bytes)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self._ends[-1])
+
+    def sequence(self, index: int) -> np.ndarray:
+        """seq_len + 1 tokens: inputs and (shifted by one) targets (as ShardSource.sequence)."""
+        shard_index = int(np.searchsorted(self._ends, index, side="right"))
+        start_in_shard = index - (int(self._ends[shard_index - 1]) if shard_index else 0)
+        shard = self.shards[shard_index]
+        if not shard.header_checked:
+            self._check_header(shard)
+        itemsize = self.dtype.itemsize
+        raw = self._read(shard, HEADER_BYTES + start_in_shard * self.seq_len * itemsize, (self.seq_len + 1) * itemsize)
+        return np.frombuffer(raw, dtype=self.dtype).astype(np.int64)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _manifest_bytes(self) -> bytes:
+        key = _key(self.prefix, MANIFEST)
+        not_there = f"data source {self.uri}: no {self.bucket.url(key)} (not a data-prep output)"
+        try:
+            data = self.bucket.get_bytes(key)
+        except Exception as exc:
+            if error_code(exc) == "NoSuchBucket":
+                raise ConfigError(not_there) from exc
+            raise StorageError(f"cannot read {self.bucket.url(key)}: {exc}") from exc
+        if data is None:
+            raise ConfigError(not_there)
+        return data
+
+    def _shard(self, entry: dict) -> _StreamedShard:
+        key = _key(self.prefix, "/".join(_safe_parts(entry["path"], self.uri)))
+        url, tokens = self.bucket.url(key), int(entry["tokens"])
+        size = HEADER_BYTES + tokens * self.dtype.itemsize
+        if entry.get("block_sha256") is not None:
+            block_bytes, blocks = int(entry["block_bytes"]), list(entry["block_sha256"])
+        else:  # an older manifest: the shard is one block
+            block_bytes, blocks = size, [entry["sha256"]]
+        if block_bytes < 1 or len(blocks) != -(-size // block_bytes):
+            raise ShardFormatError(f"{url}: manifest.json lists {len(blocks)} block hashes of {block_bytes} bytes "
+                                   f"for a {size}-byte shard")
+        return _StreamedShard(key, url, tokens, size, block_bytes, blocks, max(0, (tokens - 1) // self.seq_len))
+
+    def _check_header(self, shard: _StreamedShard) -> None:
+        header = ShardHeader.unpack(self._read(shard, 0, HEADER_BYTES), shard.url)
+        if header.token_count != shard.tokens:
+            raise ShardFormatError(f"{shard.url}: header says {header.token_count} tokens, manifest {shard.tokens}")
+        if header.itemsize != self.dtype.itemsize:
+            raise ShardFormatError(f"{shard.url}: {header.itemsize}-byte tokens, the manifest's vocabulary of "
+                                   f"{self.vocab_size} makes {self.dtype.itemsize}")
+        if header.tokenizer_sha256 != self.tokenizer_sha256:
+            raise ShardFormatError(f"{shard.url}: written with another tokenizer than the manifest names")
+        shard.header_checked = True
+
+    def _read(self, shard: _StreamedShard, start: int, length: int) -> bytes:
+        """Bytes [start, start + length) of the shard's .bin file, block by block."""
+        size = shard.block_bytes
+        parts = []
+        for block in range(start // size, (start + length - 1) // size + 1):
+            lo, hi = max(start, block * size), min(start + length, (block + 1) * size)
+            parts.append(self.cache.read(shard.block_sha256[block], lo - block * size, hi - lo,
+                                         lambda block=block: self._fetch_block(shard, block)))
+        return b"".join(parts)
+
+    def _fetch_block(self, shard: _StreamedShard, block: int) -> bytes:
+        start = block * shard.block_bytes
+        length = min(shard.block_bytes, shard.size - start)
+        try:
+            data, total = self.bucket.get_range_sized(shard.key, start, length)
+        except LmforgeError:
+            raise
+        except Exception as exc:
+            code = error_code(exc)
+            if code in NOT_FOUND_CODES:
+                raise ShardFormatError(f"{shard.url}: listed in manifest.json but not in the bucket") from exc
+            if code == "InvalidRange":
+                raise ShardFormatError(f"{shard.url}: shorter than the manifest's {shard.tokens} tokens "
+                                       f"({shard.size} bytes)") from exc
+            raise StorageError(f"cannot read {shard.url}: {exc}") from exc
+        if total != shard.size:
+            raise ShardFormatError(f"{shard.url}: {total} bytes, the manifest's {shard.tokens} tokens make "
+                                   f"{shard.size}; the object is truncated or replaced")
+        if hashlib.sha256(data).hexdigest() != shard.block_sha256[block]:
+            raise ShardFormatError(f"{shard.url}: bytes {start}-{start + length - 1} do not match manifest.json's "
+                                   "sha256 (corrupt or replaced)")
+        return data
+
+
+def open_sources(uris: list[str], names: list[str], split: str, seq_len: int, *, cache: BlockCache | None,
+                 verify_sha256: bool) -> list[ShardSource | StreamingSource]:
+    """A source per URI: local paths memory-mapped (ShardSource), s3:// ones streamed through
+    `cache` (required when any URI is s3://)."""
+    sources: list[ShardSource | StreamingSource] = []
+    for uri, name in zip(uris, names, strict=True):
+        scheme = scheme_of(uri)
+        if scheme == "s3":
+            if cache is None:
+                raise ConfigError(f"data source {uri}: an s3:// source needs the block cache")
+            sources.append(StreamingSource(uri, split, seq_len, cache, name=name))
+        elif scheme == "file":
+            sources.append(ShardSource(local_path_of(uri), split, seq_len, name=name, verify_sha256=verify_sha256))
+        else:
+            raise ConfigError(f"data.sources: {uri!r} is neither a local path nor an s3:// URI")
+    return sources
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def read_batch(sampler: MixtureSampler, step: int, rank: int, world_size: int,
+               per_rank: int) -> tuple[np.ndarray, list[SampleRef]]:
+    """sampler.batch(...), with the sequences of streamed sources read in parallel."""
+    global _pool
+    if not any(isinstance(s, StreamingSource) for s in sampler.sources):
+        return sampler.batch(step, rank, world_size, per_rank)
+    if _pool is None:
+        _pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="lmforge-fetch")
+    refs = sampler.batch_refs(step, rank, world_size, per_rank)
+    rows = _pool.map(lambda ref: sampler.sources[ref.source].sequence(ref.sequence), refs)
+    return np.stack(list(rows)), refs
+
+
+def _parse_manifest(raw: bytes, uri: str) -> dict:
+    try:
+        manifest = json.loads(raw)
+        _ = manifest["tokenizer"]["sha256"], manifest["tokenizer"]["vocab_size"], manifest["shards"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ShardFormatError(f"{uri}/{MANIFEST}: not a data-prep manifest ({exc!r})") from exc
+    return manifest
+
+
+def _safe_parts(path: str, uri: str) -> list[str]:
+    parts = [p for p in path.split("/") if p]
+    if any(p in {".", ".."} for p in parts):
+        raise ConfigError(f"data source {uri}: '.' and '..' are not allowed in paths")
+    return parts
+
+
+def _key(prefix: str, rel: str) -> str:
+    return f"{prefix}/{rel}" if prefix else rel
