@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lmforge.common.storage import Store
+from lmforge.common.storage import LocalStore, Store
 
 DOC_SCHEMA = pa.schema(
     [
@@ -97,8 +97,12 @@ class ArrowRowWriter(ParquetRowWriter):
 
 
 def open_arrow(store: Store, rel: str) -> pa.Table:
-    """A memory-mapped, zero-copy view of an Arrow IPC file."""
-    return pa.ipc.open_file(pa.memory_map(str(store.local_path(rel)))).read_all()
+    """An Arrow IPC file's table: a memory-mapped, zero-copy view of a local file; a remote one is
+    read by ranges into memory (one input's index), leaving no local copy behind."""
+    if isinstance(store, LocalStore):
+        return pa.ipc.open_file(pa.memory_map(str(store.local_path(rel)))).read_all()
+    with store.open_read(rel) as fh:
+        return pa.ipc.open_file(fh).read_all()
 
 
 def iter_batches(store: Store, rel: str, columns: list[str] | None = None, batch_rows: int = 2000
