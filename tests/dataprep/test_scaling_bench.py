@@ -53,3 +53,18 @@ def test_the_scaling_doc_tables_are_what_the_scale_model_computes():
     model = _bench("scale_model")
     assert model.check((REPO / "docs" / "scaling.md").read_text()), \
         "docs/scaling.md's tables were edited by hand: rerun bench/scale_model.py --write docs/scaling.md"
+
+
+def test_the_scale_model_splits_dedup_and_clustering_as_the_pipeline_does():
+    """Dedup tasks are (bands + 2) x partitions_per_band and cluster tasks at most one per partition,
+    as dedup_global plans them, so the settings the model picks are ones the pipeline runs."""
+    from lmforge.dataprep.config import MinHashConfig
+    from lmforge.dataprep.dedup_global import PartitionPlan, cluster_groups
+
+    model = _bench("scale_model")
+    crawl = model.Crawl(model.PROVISIONAL, 10.0, 3e9, 90_000)
+    for ppb, tasks in ((1, 1), (7, 5), (2, 1000)):
+        config = MinHashConfig(partitions_per_band=ppb, cluster_tasks=tasks)
+        dedup = crawl.dedup(ppb)
+        assert dedup["tasks"] == PartitionPlan.from_config(config).count
+        assert crawl.cluster(tasks, dedup["tasks"])["tasks"] == len(cluster_groups(config))

@@ -531,7 +531,7 @@ def test_monitor_selectors_match_the_pods_and_ports_they_scrape():
 
 
 GLOBAL_STAGES = ["dedup", "cluster", "tokenizer", "tokenize", "shards", "report"]
-INDEXED_STAGES = {"dedup", "tokenize", "shards"}
+INDEXED_STAGES = {"dedup", "cluster", "tokenize", "shards"}
 
 
 def test_dataprep_indexed_workers_then_one_hook_job_per_global_stage():
@@ -553,8 +553,8 @@ def test_dataprep_indexed_workers_then_one_hook_job_per_global_stage():
     assert set(stages) == set(GLOBAL_STAGES)
     weights = {name: int(job["metadata"]["annotations"]["helm.sh/hook-weight"]) for name, job in stages.items()}
     assert sorted(stages, key=weights.get) == GLOBAL_STAGES and len(set(weights.values())) == len(GLOBAL_STAGES)
-    tasks = {"dedup": 32, "tokenize": 8, "shards": 64}  # the set's and the chart's defaults
-    parallelism = {"dedup": 16, "tokenize": 8, "shards": 32}
+    tasks = {"dedup": 32, "cluster": 1, "tokenize": 8, "shards": 64}  # the set's and the chart's defaults
+    parallelism = {"dedup": 16, "cluster": 1, "tokenize": 8, "shards": 32}
     for name, job in stages.items():
         annotations, spec = job["metadata"]["annotations"], job["spec"]
         assert annotations["helm.sh/hook"] == "post-install,post-upgrade", name

@@ -207,7 +207,9 @@ class DataprepIndexedStage(DataprepStage, total=False):
 
 class DataprepStages(Section, total=False):
     dedup: Required[Annotated[DataprepIndexedStage, Field(description="dedup, by dedup partition")]]
-    cluster: Required[Annotated[DataprepStage, Field(description="duplicate clustering (one task)")]]
+    cluster: Required[Annotated[DataprepIndexedStage, Field(description=(
+        "duplicate clustering, by group of dedup partitions (config minhash.cluster_tasks of them; the tokenizer "
+        "stage merges their components)"))]]
     tokenizer: Required[Annotated[DataprepStage, Field(description="tokenizer training (one task)")]]
     tokenize: Required[Annotated[DataprepIndexedStage, Field(description="tokenization, by input")]]
     shards: Required[Annotated[DataprepIndexedStage, Field(description="shard writing, by shard partition")]]

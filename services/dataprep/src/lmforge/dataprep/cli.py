@@ -66,67 +66,68 @@ def _push(args, run: runner.Run, worker: str, indices: list[int]) -> None:
 
 
 def cmd_run(args, config: DataprepConfig) -> int:
-    run = _open(args, config)
-    index, count = _sharding(args)
-    if index is None:
-        started = time.perf_counter()
-        report = runner.run_all(run)
-        log.info("run_complete", output=run.store.uri, report=report, seconds=round(time.perf_counter() - started, 2))
-        sys.stderr.write(f"report: {report}\n")
-        _push(args, run, "local", list(range(run.n_inputs)))
-        return 0
-    indices = runner.worker_slice(run.n_inputs, index, count)
-    runner.run_inputs(run, indices)
-    log.info("worker_complete", worker_index=index, num_workers=count)
-    _push(args, run, str(index), indices)
+    with _open(args, config) as run:
+        index, count = _sharding(args)
+        if index is None:
+            started = time.perf_counter()
+            report = runner.run_all(run)
+            seconds = round(time.perf_counter() - started, 2)
+            log.info("run_complete", output=run.store.uri, report=report, seconds=seconds)
+            sys.stderr.write(f"report: {report}\n")
+            _push(args, run, "local", list(range(run.n_inputs)))
+            return 0
+        indices = runner.worker_slice(run.n_inputs, index, count)
+        runner.run_inputs(run, indices)
+        log.info("worker_complete", worker_index=index, num_workers=count)
+        _push(args, run, str(index), indices)
     return 0
 
 
 def cmd_dedup(args, config: DataprepConfig | None) -> int:
-    run = _open(args, config)
-    index, count = _sharding(args)
-    plan_count = runner.PartitionPlan.from_config(run.config.minhash).count
-    runner.run_dedup(run, None if index is None else runner.worker_slice(plan_count, index, count))
+    with _open(args, config) as run:
+        index, count = _sharding(args)
+        plan_count = runner.PartitionPlan.from_config(run.config.minhash).count
+        runner.run_dedup(run, None if index is None else runner.worker_slice(plan_count, index, count))
     return 0
 
 
 def cmd_tokenize(args, config: DataprepConfig | None) -> int:
-    run = _open(args, config)
-    index, count = _sharding(args)
-    runner.run_tokenize(run, None if index is None else runner.worker_slice(run.n_inputs, index, count))
+    with _open(args, config) as run:
+        index, count = _sharding(args)
+        runner.run_tokenize(run, None if index is None else runner.worker_slice(run.n_inputs, index, count))
     return 0
 
 
 def cmd_cluster(args, config: DataprepConfig | None) -> int:
-    run = _open(args, config)
-    index, count = _sharding(args)
-    n_tasks = len(runner.cluster_tasks(run.config))
-    runner.run_cluster(run, None if index is None else runner.worker_slice(n_tasks, index, count))
+    with _open(args, config) as run:
+        index, count = _sharding(args)
+        n_tasks = len(runner.cluster_tasks(run.config))
+        runner.run_cluster(run, None if index is None else runner.worker_slice(n_tasks, index, count))
     return 0
 
 
 def cmd_shards(args, config: DataprepConfig | None) -> int:
-    run = _open(args, config)
-    index, count = _sharding(args)
-    n_tasks = len(runner.shard_tasks(run.config, {}, run.n_inputs))
-    runner.run_shards(run, None if index is None else runner.worker_slice(n_tasks, index, count))
+    with _open(args, config) as run:
+        index, count = _sharding(args)
+        n_tasks = len(runner.shard_tasks(run.config, {}, run.n_inputs))
+        runner.run_shards(run, None if index is None else runner.worker_slice(n_tasks, index, count))
     return 0
 
 
 def cmd_simple(args, config: DataprepConfig | None) -> int:
-    run = _open(args, config)
-    {"tokenizer": runner.run_tokenizer, "report": runner.run_report}[args.command](run)
+    with _open(args, config) as run:
+        {"tokenizer": runner.run_tokenizer, "report": runner.run_report}[args.command](run)
     return 0
 
 
 def cmd_finalize(args, config: DataprepConfig | None) -> int:
-    run = _open(args, config)
-    runner.run_dedup(run)
-    runner.run_cluster(run)
-    runner.run_tokenizer(run)
-    runner.run_tokenize(run)
-    runner.run_shards(run)
-    sys.stderr.write(f"report: {runner.run_report(run)}\n")
+    with _open(args, config) as run:
+        runner.run_dedup(run)
+        runner.run_cluster(run)
+        runner.run_tokenizer(run)
+        runner.run_tokenize(run)
+        runner.run_shards(run)
+        sys.stderr.write(f"report: {runner.run_report(run)}\n")
     return 0
 
 

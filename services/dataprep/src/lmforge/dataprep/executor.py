@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lmforge.common.storage import Store, open_store
@@ -26,6 +26,10 @@ class Executor(Protocol):
     def run(self, tasks: Sequence[Task], on_result: OnResult) -> list:
         """Run every task; call on_result with each result as it completes; return the results
         (in completion order). The first task that fails stops the rest and is raised."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor holds (its processes) once the run is done with it."""
         ...
 
 
@@ -44,34 +48,46 @@ class InlineExecutor:
             on_result(result)
         return results
 
+    def close(self) -> None:
+        pass
+
 
 @dataclass
 class PoolExecutor:
-    """The tasks spread over up to `processes` spawned processes (one task runs inline: no pool
-    to start). Each pool process opens the store and reads the config once, when it starts."""
+    """The tasks spread over `processes` spawned processes (one task runs inline: no pool to
+    start). The pool starts with the first phase that needs it and serves every later phase of the
+    run until close(): a spawned process costs about a second of imports, once per run rather than
+    once per phase. Each pool process opens the store and reads the config once, when it starts."""
 
     store: Store
     config: DataprepConfig
     processes: int
+    _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def run(self, tasks: Sequence[Task], on_result: OnResult) -> list:
-        if len(tasks) <= 1:
+        if len(tasks) <= 1 and self._pool is None:
             return InlineExecutor(self.store, self.config).run(tasks, on_result)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.processes, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_pool_process, initargs=(self.store.uri, self.config.model_dump_json(), os.getpid()))
         results = []
-        with ProcessPoolExecutor(max_workers=min(self.processes, len(tasks)),
-                                 mp_context=multiprocessing.get_context("spawn"), initializer=_init_pool_process,
-                                 initargs=(self.store.uri, self.config.model_dump_json(), os.getpid())) as pool:
-            futures = [pool.submit(_run_in_pool_process, task) for task in tasks]
-            try:
-                for future in as_completed(futures):
-                    result = future.result()
-                    results.append(result)
-                    on_result(result)
-            except BaseException:
-                # one task failed (a full disk fails them all): stop, do not start the queued ones
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+        futures = [self._pool.submit(_run_in_pool_process, task) for task in tasks]
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                results.append(result)
+                on_result(result)
+        except BaseException:
+            # one task failed (a full disk fails them all): stop, do not start the queued ones
+            self.close(cancel=True)
+            raise
         return results
+
+    def close(self, cancel: bool = False) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None
 
 
 def run_task(task: Task, store: Store, config: DataprepConfig) -> Any:

@@ -66,9 +66,25 @@ class Run:
     def n_inputs(self) -> int:
         return len(self.inputs)
 
+    _executor: Executor | None = field(default=None, init=False, repr=False)
+
     def executor(self) -> Executor:
-        """What runs this run's tasks on this machine: inline, or over `processes` processes."""
-        return local_executor(self.store, self.config, self.processes)
+        """What runs this run's tasks on this machine: inline, or over `processes` processes
+        (started once, for every phase of the run, until close())."""
+        if self._executor is None:
+            self._executor = local_executor(self.store, self.config, self.processes)
+        return self._executor
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def worker_slice(n_items: int, worker_index: int, num_workers: int) -> list[int]:
