@@ -30,7 +30,7 @@ from lmforge.dataprep.dedup_global import (
     merge_clusters,
     write_minhash_config,
 )
-from lmforge.dataprep.dedup_keys import KeyFile
+from lmforge.dataprep.dedup_keys import read_partition
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher, estimated_jaccard, lsh_params, verify_threshold
 from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter, content_key, normalize_url, url_key
@@ -254,12 +254,12 @@ def test_group_partition_reads_only_its_own_section_of_each_key_file(dedup_input
         key_reads = [(rel, size) for rel, size in store.reads if rel.startswith("work/minhash/keys/")]
         other_reads = [rel for rel, _ in store.reads if not rel.startswith("work/minhash/keys/")]
         assert {rel for rel, _ in key_reads} == {layout.dedup_keys(i) for i in range(n)}, p
-        sections = [KeyFile(LocalStore(tmp_path), i, plan.count).partition(p) for i in range(n)]
-        own_bytes = sum(16 * len(ids) for ids, _ in sections)
-        header_bytes = n * 8 * (plan.count + 3)
-        if not other_reads:  # no candidate run: the headers and its own sections, nothing else
-            assert sum(size for _, size in key_reads) == header_bytes + own_bytes, p
-        keys = np.concatenate([keys for _, keys in sections])
+        sections = [read_partition(LocalStore(tmp_path), i, p) for i in range(n)]
+        own_bytes = sum(24 * len(ids) for ids, _, _ in sections)
+        if not other_reads:  # no candidate run: its two offsets and its section of each file, nothing else
+            assert sum(size for _, size in key_reads) == n * 16 + own_bytes, p
+            assert len(key_reads) == 2 * n, p
+        keys = np.concatenate([keys for _, keys, _ in sections])
         has_run = len(np.unique(keys)) < len(keys)
         if kind == KIND_NEAR and has_run:
             with_runs.append(p)
@@ -289,12 +289,13 @@ def test_key_files_give_the_edges_the_whole_key_matrix_gave(dedup_inputs, tmp_pa
     _prepare(tmp_path / "old", dedup_inputs, config)
     # input 1 as an older version left it: the whole key matrix, no key file
     plan = PartitionPlan.from_config(config.minhash)
-    key_file = KeyFile(LocalStore(tmp_path / "old"), 1, plan.count)
-    ids = np.asarray(key_file.doc_ids())
-    matrix = np.zeros((len(ids), plan.key_bands + 2), dtype=np.uint64)
-    for p in range(plan.count):
-        section_ids, section_keys = key_file.partition(p)
-        matrix[np.searchsorted(ids, section_ids), plan.describe(p)[0]] = section_keys
+    sections = [read_partition(LocalStore(tmp_path / "old"), 1, p) for p in range(plan.count)]
+    n_docs = sum(len(ids) for ids, _, _ in sections[: plan.partitions_per_band])  # column 0's slices
+    ids = np.zeros(n_docs, dtype=np.uint64)
+    matrix = np.zeros((n_docs, plan.key_bands + 2), dtype=np.uint64)
+    for p, (section_ids, section_keys, rows) in enumerate(sections):
+        ids[rows.astype(np.int64)] = section_ids
+        matrix[rows.astype(np.int64), plan.describe(p)[0]] = section_keys
     buffer = io.BytesIO()
     np.savez(buffer, doc_ids=ids, keys=matrix)
     (tmp_path / "old" / layout.minhash(1)).write_bytes(buffer.getvalue())

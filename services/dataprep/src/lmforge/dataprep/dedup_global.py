@@ -2,8 +2,8 @@
 
 1. `group_partition(p)`: partition p is one slice by key range of one key column: an LSH
    band, the exact-URL or the exact-content key. It reads only its own section of every
-   input's key file (dedup_keys.py: one ranged read per input), finds documents sharing a key
-   and emits duplicate edges. Band candidates are verified against the full signatures
+   input's key file (dedup_keys.py: two ranged reads per input, in parallel), finds documents
+   sharing a key and emits duplicate edges. Band candidates are verified against the full signatures
    (estimated Jaccard ≥ threshold less the estimator's noise margin, see
    minhash.verify_threshold), each candidate's row read alone: a partition without a
    candidate run reads no signatures. URL and content keys are exact. Partitions are
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,7 @@ from lmforge.common.errors import InputError
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import MinHashConfig
-from lmforge.dataprep.dedup_keys import KeyFile
+from lmforge.dataprep.dedup_keys import read_partition
 from lmforge.dataprep.minhash import estimated_jaccard, lsh_params, verify_threshold
 
 # Edge kinds, in order of precedence when a removed document has several.
@@ -91,29 +92,21 @@ def check_minhash_config(store: Store, config: MinHashConfig) -> None:
     write_minhash_config(store, config)  # raises on mismatch
 
 
-class _InputKeys:
-    """An input's key file (dedup_keys.KeyFile), or for an input finished by an older version, the
-    whole key matrix it wrote (layout.minhash), cut the same way in memory."""
+READ_THREADS = 16  # ranged reads in flight: a dedup task reads one section per input, one row per candidate
 
-    def __init__(self, store: Store, plan: PartitionPlan, i: int):
-        self.plan = plan
-        if store.exists(layout.dedup_keys(i)) or not store.exists(layout.minhash(i)):
-            self.file, self.matrix = KeyFile(store, i, plan.count), None
-        else:
-            with np.load(io.BytesIO(store.read_bytes(layout.minhash(i)))) as data:
-                self.file, self.matrix = None, (data["doc_ids"], data["keys"])
 
-    def partition(self, p: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.file is not None:
-            return self.file.partition(p)
-        ids, keys = self.matrix
-        column, _, key_slice = self.plan.describe(p)
-        column_keys = keys[:, column] if len(ids) else np.zeros(0, np.uint64)
-        mine = column_keys % np.uint64(self.plan.partitions_per_band) == key_slice
-        return ids[mine], column_keys[mine]
-
-    def doc_ids(self) -> np.ndarray:
-        return self.file.doc_ids() if self.file is not None else self.matrix[0]
+def _partition_keys(store: Store, plan: PartitionPlan, i: int, partition: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(doc ids, keys, signature rows) of one partition of input i: its section of the input's key
+    file, or for an input finished by an older version, its whole key matrix cut in memory."""
+    if store.exists(layout.dedup_keys(i)) or not store.exists(layout.minhash(i)):
+        return read_partition(store, i, partition)
+    with np.load(io.BytesIO(store.read_bytes(layout.minhash(i)))) as data:
+        ids, keys = data["doc_ids"], data["keys"]
+    column, _, key_slice = plan.describe(partition)
+    column_keys = keys[:, column] if len(ids) else np.zeros(0, np.uint64)
+    mine = column_keys % np.uint64(plan.partitions_per_band) == key_slice
+    return ids[mine], column_keys[mine], np.flatnonzero(mine).astype(np.uint64)
 
 
 def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partition: int) -> int:
@@ -122,17 +115,14 @@ def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partitio
         return int(np.load(io.BytesIO(store.read_bytes(layout.edges(partition)))).shape[0])
     plan = PartitionPlan.from_config(config)
     _, kind, _ = plan.describe(partition)
-    inputs = [_InputKeys(store, plan, i) for i in range(n_inputs)]
-    keys_parts, ids_parts = [], []
-    for keys_of_input in inputs:
-        ids, keys = keys_of_input.partition(partition)
-        keys_parts.append(keys)
-        ids_parts.append(ids)
-    keys = np.concatenate(keys_parts) if keys_parts else np.zeros(0, np.uint64)
-    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        sections = list(pool.map(lambda i: _partition_keys(store, plan, i, partition), range(n_inputs)))
+    if sections:
+        ids, keys, rows = (np.concatenate(parts) for parts in zip(*sections))
+    else:
+        ids, keys, rows = np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     order = np.lexsort((ids, keys))  # by key, then by doc id: each run starts with its lowest id
-    keys, ids = keys[order], ids[order]
-    edges = _edges_for_runs(store, config, keys, ids, kind, inputs)
+    edges = _edges_for_runs(store, config, keys[order], ids[order], rows[order], kind)
     buffer = io.BytesIO()
     np.save(buffer, edges)
     store.write_bytes(layout.edges(partition), buffer.getvalue())
@@ -150,20 +140,19 @@ def _runs(keys: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts[keep].tolist(), ends[keep].tolist()))
 
 
-def _edges_for_runs(store: Store, config: MinHashConfig, keys, ids, kind: int,
-                    inputs: list[_InputKeys]) -> np.ndarray:
+def _edges_for_runs(store: Store, config: MinHashConfig, keys, ids, rows, kind: int) -> np.ndarray:
     runs = _runs(keys)
     if not runs:
         return np.zeros((0, 3), dtype=np.uint64)
     if kind != KIND_NEAR:
         pairs = [(ids[j], ids[start]) for start, end in runs for j in range(start + 1, end)]
         return _edge_array(pairs, kind)
-    signatures = _SignatureLookup(store, inputs)
+    in_runs = np.concatenate([np.arange(start, end) for start, end in runs])
+    signatures = dict(zip(in_runs.tolist(), _read_signatures(store, ids[in_runs], rows[in_runs])))
     pairs = []
     for start, end in runs:
-        members = ids[start:end]
-        sigs = signatures.get(members)
-        pairs.extend(_verified_pairs(members, sigs, verify_threshold(config), config.max_pairs_per_bucket))
+        sigs = np.stack([signatures[j] for j in range(start, end)])
+        pairs.extend(_verified_pairs(ids[start:end], sigs, verify_threshold(config), config.max_pairs_per_bucket))
     return _edge_array(pairs, kind)
 
 
@@ -190,31 +179,22 @@ def _edge_array(pairs, kind: int) -> np.ndarray:
     return edges
 
 
-class _SignatureLookup:
-    """Signatures of given doc ids, each read by a ranged read of its own row: a task reads the
-    signatures of its candidates only, never an input's whole signature file. An input's rows
-    are in the order of its doc ids (read from its key file when first needed)."""
+def _read_signatures(store: Store, doc_ids: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+    """The signatures of the given documents (doc id → input, row), each row read by a ranged read
+    of its own (in parallel): a task reads its candidates' signatures, never a whole file."""
+    inputs = (doc_ids >> np.uint64(32)).astype(np.int64)
+    layouts: dict[int, tuple[int, int, np.dtype]] = {}
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        for i, (offset, shape, dtype) in zip(
+                np.unique(inputs).tolist(),
+                pool.map(lambda i: _npy_layout(store, layout.signatures(i)), np.unique(inputs).tolist())):
+            layouts[i] = (offset, shape[1] * dtype.itemsize, dtype)
 
-    def __init__(self, store: Store, inputs: list[_InputKeys]):
-        self.store = store
-        self.inputs = inputs
-        self._rows: dict[int, tuple[np.ndarray, int, int, np.dtype]] = {}  # ids, data offset, row bytes, dtype
+        def row(i: int, r: int) -> np.ndarray:
+            offset, row_bytes, dtype = layouts[i]
+            return np.frombuffer(store.read_range(layout.signatures(i), offset + r * row_bytes, row_bytes), dtype=dtype)
 
-    def _input(self, i: int) -> tuple[np.ndarray, int, int, np.dtype]:
-        if i not in self._rows:
-            data_offset, shape, dtype = _npy_layout(self.store, layout.signatures(i))
-            self._rows[i] = (self.inputs[i].doc_ids(), data_offset, shape[1] * dtype.itemsize, dtype)
-        return self._rows[i]
-
-    def get(self, doc_ids: np.ndarray) -> np.ndarray:
-        rows = []
-        for doc_id in doc_ids.tolist():
-            i = doc_id >> 32
-            ids, data_offset, row_bytes, dtype = self._input(i)
-            row = int(np.searchsorted(ids, doc_id))
-            raw = self.store.read_range(layout.signatures(i), data_offset + row * row_bytes, row_bytes)
-            rows.append(np.frombuffer(raw, dtype=dtype))
-        return np.stack(rows)
+        return list(pool.map(row, inputs.tolist(), rows.tolist()))
 
 
 def _npy_layout(store: Store, rel: str) -> tuple[int, tuple[int, ...], np.dtype]:
