@@ -10,11 +10,13 @@ minhash.partitions_per_band and minhash.cluster_tasks that keep those tasks unde
 budget (or says that none does), and writes the tables between the markers in docs/scaling.md
 (--write) or prints them.
 
-The code's layout as of issue 19's redesign (layout.py, dedup_keys.py, dedup_global.py): one key
-file per input with a section per dedup partition; (bands + 2) x partitions_per_band dedup tasks,
-each reading its section of every input's key file (a header and a section GET per input) and the
-signature row of every candidate (one GET each, plus the input's doc-id section and .npy header
-once per input with a candidate); cluster_tasks forests and one merge; removed ids per input.
+The code's layout as of issue 19's redesign and "Dedup reads at crawl scale" (layout.py,
+dedup_keys.py, dedup_global.py): one key file per input with a section per dedup partition of
+(doc id, key, signature row) triples; (bands + 2) x partitions_per_band dedup tasks, each reading
+its section of every input's key file (a HEAD, its two offsets and its section per input) and the
+signature row of every candidate (one GET each, plus two .npy-header GETs per input with a
+candidate), READ_THREADS (16) reads at a time; cluster_tasks forests and one merge; removed ids
+per input.
 Bytes-per-item constants of the tasks whose memory grows with the corpus come from reading their
 code (MEMORY comments below) or from measuring the objects they hold (stated where so).
 """
@@ -35,22 +37,25 @@ RANGE = MIB  # Store.open_read (S3Bucket.open_ranged): Parquet/Arrow reads are r
 BLOCK = 4 * MIB  # the manifest's block_bytes: one block_sha256 each, and the trainer's fetch unit
 MAX_TASK_RSS = 1.5e9  # issue 19's per-task budget
 S3_PREFIX_PUTS, S3_PREFIX_GETS = 3_500, 5_500  # requests/s per prefix before S3 scales a prefix out
-# ASSUMED: the time to first byte of one S3 request, paid in sequence by a task's requests (the
-# trainer streaming bench puts its proxy 20 ms away); what dominates a task that makes many small GETs.
+# ASSUMED: the time to first byte of one S3 request (the trainer streaming bench puts its proxy 20 ms
+# away); what dominates a task that makes many small GETs. A task's requests are paid one after
+# another, except a dedup task's reads, READ_THREADS at a time (dedup_global.READ_THREADS).
 REQUEST_LATENCY = 0.020
+READ_THREADS = 16
 
 # docs/benchmarks.md, "Data prep: lmforge vs Hugging Face datatrove (2026-11-21)": 205.5 MB of WET,
 # 50,000 records, one core, 145.1 s end to end (1.42 MB/s). Per-input stages read..minhash: 98.74 s;
 # tokenize 36.78 s; shards 0.69 s; global dedup 0.04 s plus the rest of the 145.1 s (~8.85 s), all
 # counted as dedup. The tokenizer: ASSUMED 60 s for a 64 MB sample. File sizes and edges: a 10 MB dev
-# run of bench/dataprep_scaling.py (2026-11-25, before the redesign: its key files were one per column).
+# run of bench/dataprep_scaling.py (2026-11-25, before the redesign: its key files were one per column;
+# their bytes scaled here by 24 x 20 / (16 x 20 + 8), the (doc id, key, row) sections of today).
 PROVISIONAL = {
     "input": {"files": 16, "wet_bytes": 205.5e6, "records": 50_000, "gz_bytes": 91.5e6},
     "phases": {"inputs": 98.74, "dedup": 0.04 + 8.85, "tokenize": 36.78, "shards": 0.69, "tokenizer": 60.0},
     "dedup": {"records": 50_000, "docs_into_global_dedup": 34_000, "edges": 3547 / 1824 * 34_000,
               "removed": {"near_duplicate": 3_000}, "clusters": 3_000},
     "totals": {"kept_docs": 31_000, "output_tokens": 22_683_842},
-    "output_files": {"wet_input": (4471955, 16), "docs": (2444663, 16), "dedup_keys": (624640, 16),
+    "output_files": {"wet_input": (4471955, 16), "docs": (2444663, 16), "dedup_keys": (914107, 16),
                      "signatures": (935936, 16), "edges": (87688, 20), "removed": (3358, 16),
                      "tokens": (2212404, 16), "token_index": (251984, 16), "filter_rejects": (190120, 16),
                      "dedup_rejects": (98013, 16), "shards": (2226516, 4), "lineage": (102897, 2),
@@ -65,17 +70,25 @@ PROVISIONAL = {
 }
 
 CLUSTER_SECONDS_PER_EDGE = 200e-9  # ASSUMED when the run has no flatness cluster task to take a slope from
+# ASSUMED when the run has no flatness dedup tasks to take it from: the client CPU of one S3 request
+# (botocore's signing and parsing), paid under the GIL whatever the threads.
+REQUEST_CPU_SECONDS = 2e-3
 
 # MEMORY, bytes per item held at a task's peak (read off the code):
-# dedup (group_partition): its section of every input, (doc id, key) 16 B, their concatenation 16 B,
-# the lexsort order 8 B and the sorted copies 16 B, per document in the partition (N / partitions_per_band).
-DEDUP_BYTES_PER_DOC = 56
-# dedup, every input's KeyFile header kept for the whole task: 8 B x (partitions + 2) offsets, and
-# ~390 B of Python objects (_InputKeys, KeyFile, the array), measured with tracemalloc.
-KEYFILE_OBJECT_BYTES = 390
-# dedup, near partitions (_SignatureLookup): the doc-id section (8 B per document) of every input that
-# has a candidate, kept until the task ends.
-SIGLOOKUP_BYTES_PER_DOC = 8
+# dedup (group_partition): its section of every input, (doc id, key, signature row) 24 B, their
+# concatenation 24 B, the lexsort order 8 B and the sorted copies 24 B, all alive until the task
+# ends, per entry of the partition (N / partitions_per_band).
+DEDUP_BYTES_PER_ENTRY = 80
+# dedup, per input: ThreadPoolExecutor.map submits every read at once, so each input's read is a
+# Future (with its Condition, RLock and deque) and a _WorkItem until it is collected, ~1.5 kB; and its
+# section's objects (the bytes, the array and its reshaped and column views, the tuple), ~0.7 kB.
+# ESTIMATED from CPython 3.11's object sizes, not measured.
+FUTURE_BYTES = 1_500
+SECTION_OBJECT_BYTES = 700
+# dedup, near partitions (_read_signatures): every candidate's signature row (num_perm x 4 B) held at
+# once, its bytes and ndarray objects, the dict entry, the index arrays and lists (~300 B), and a
+# Future per row read while the reads run (FUTURE_BYTES). ESTIMATED like the above.
+ROW_OBJECT_BYTES = 300
 # cluster (cluster_group): the edge array (24 B), np.unique over both ends (sorted copy, inverse, argsort
 # ~48 B), the sparse graph (~15 B), the near-only copy and its forest on top: ~100 B per edge.
 CLUSTER_BYTES_PER_EDGE = 100
@@ -113,6 +126,10 @@ def load(path: Path) -> tuple[dict, bool]:
             cpu = (flat_phases.get(name) or {}).get("cpu_seconds")
             if cpu and per and cpu[-1] > cpu[0]:  # else lost in the process start: not measured
                 slopes[name] = (cpu[-1] - cpu[0]) / (span * per)
+    flat_dedup = None
+    if len(factors) >= 2 and (flat_phases.get("dedup") or {}).get("cpu_seconds"):
+        flat_dedup = {"factors": factors, "base_wet_mb": flat.get("base_wet_mb"),
+                      "files_at_1x": flat.get("files_at_1x"), "cpu_seconds": flat_phases["dedup"]["cpu_seconds"]}
     config = bench.get("config") or {}
     minhash, shards, tokenizer = (config.get(k) or {} for k in ("minhash", "shards", "tokenizer"))
     return {
@@ -125,6 +142,7 @@ def load(path: Path) -> tuple[dict, bool]:
         "vocab_size": (bench.get("tokenizer") or {}).get("vocab_size"),
         "output_files": {k: (v["bytes"], v["files"]) for k, v in bench["output_files"].items()},
         "output_wet_bytes": bench["input"]["wet_bytes"], "task_rss": task_rss, "flat_slopes": slopes,
+        "flat_dedup": flat_dedup,
         "config": {"partitions_per_band": minhash.get("partitions_per_band", 1),
                    "cluster_tasks": minhash.get("cluster_tasks", 1), "num_perm": minhash.get("num_perm", 128),
                    "shard_tokens": shards.get("shard_tokens", 50_000_000),
@@ -189,16 +207,17 @@ class Crawl:
         candidates = 2 * self.near_edges / max(self.bands * ppb, 1)  # signature rows one near task reads
         hit = 1 - math.exp(-candidates / self.inputs)  # share of inputs with a candidate in a near task
         base = self.m["task_rss"].get("dedup", 0)
-        memory = {"keys": DEDUP_BYTES_PER_DOC * self.n / ppb,
-                  "headers": self.inputs * (8 * (parts + 2) + KEYFILE_OBJECT_BYTES),
-                  "signature ids": SIGLOOKUP_BYTES_PER_DOC * self.n * hit}
-        near_gets = 2 * self.inputs + candidates + 3 * self.inputs * hit
-        exact_gets = 2 * self.inputs
-        gets = self.bands * ppb * near_gets + 2 * ppb * exact_gets
-        get_bytes = (16 * self.n * (self.bands + 2) + parts * self.inputs * 8 * (parts + 3)
-                     + self.bands * ppb * (8 * self.n * hit + candidates * self.row_bytes))
+        memory = {"keys": DEDUP_BYTES_PER_ENTRY * self.n / ppb,
+                  "inputs": self.inputs * (FUTURE_BYTES + SECTION_OBJECT_BYTES),
+                  "signatures": candidates * (self.row_bytes + ROW_OBJECT_BYTES + FUTURE_BYTES)}
+        key_requests = 3 * self.inputs  # per task and input: a HEAD (store.exists), its offsets, its section
+        near_gets = key_requests + candidates + 2 * self.inputs * hit
+        gets = self.bands * ppb * near_gets + 2 * ppb * key_requests
+        key_bytes = 24 * self.n * (self.bands + 2) + 16 * parts * self.inputs
+        sig_bytes = self.bands * ppb * (candidates * self.row_bytes + 128 * self.inputs * hit)
         return {"ppb": ppb, "tasks": parts, "rss": base + sum(memory.values()), "memory": memory,
-                "near_task_gets": near_gets, "gets": gets, "get_bytes": get_bytes,
+                "near_task_gets": near_gets, "gets": gets, "key_bytes": key_bytes, "sig_bytes": sig_bytes,
+                "key_gets": parts * key_requests, "sig_gets": self.bands * ppb * (candidates + 2 * self.inputs * hit),
                 "candidates": candidates, "hit": hit}
 
     def best_dedup(self) -> tuple[dict, bool]:
@@ -207,12 +226,6 @@ class Crawl:
         tried = [self.dedup(p) for p in _grid(100_000)]
         fits = [d for d in tried if d["rss"] <= MAX_TASK_RSS]
         return (fits[0], True) if fits else (min(tried, key=lambda d: d["rss"]), False)
-
-    def best_dedup_without_lookup(self) -> dict:
-        """The least dedup task memory if the signature lookup held one input's doc ids at a time."""
-        tried = [self.dedup(p) for p in _grid(100_000)]
-        best = min(tried, key=lambda d: d["rss"] - d["memory"]["signature ids"])
-        return {"ppb": best["ppb"], "rss": best["rss"] - best["memory"]["signature ids"]}
 
     # ---- cluster: one cluster_tasks setting
     def cluster(self, tasks: int, partitions: int) -> dict:
@@ -233,6 +246,29 @@ class Crawl:
         fits = [c for c in tried if max(c["task_rss"], c["merge_rss"]) <= MAX_TASK_RSS]
         best = min(tried, key=lambda c: max(c["task_rss"], c["merge_rss"]))
         return (fits[0], True) if fits else (best, False)
+
+
+def request_cpu(m: dict) -> tuple[float, bool]:
+    """CPU seconds per S3 request of a dedup task, and whether measured: the flatness runs' dedup
+    tasks (over S3, at 1x and 4x the input) less the local run's dedup CPU for the extra WET, over
+    the extra requests this model counts for them."""
+    fd = m.get("flat_dedup")
+    if not fd or not fd.get("base_wet_mb") or not fd.get("files_at_1x"):
+        return REQUEST_CPU_SECONDS, False
+    bench_mb = m["input"]["wet_bytes"] / 1e6
+
+    def requests(f: float) -> float:
+        mb = f * fd["base_wet_mb"]
+        d = Crawl(m, mb / 1e6, m["input"]["records"] * mb / bench_mb, fd["files_at_1x"] * f).dedup(
+            m["config"]["partitions_per_band"])
+        return d["gets"] + 2 * d["tasks"]  # and per task: its edges' HEAD and PUT
+
+    (f0, f1), (c0, c1) = (fd["factors"][0], fd["factors"][-1]), (fd["cpu_seconds"][0], fd["cpu_seconds"][-1])
+    compute = m["phases"].get("dedup", 0.0) / bench_mb * (f1 - f0) * fd["base_wet_mb"]
+    extra = requests(f1) - requests(f0)
+    if extra <= 0 or c1 - c0 - compute <= 0:
+        return REQUEST_CPU_SECONDS, False
+    return (c1 - c0 - compute) / extra, True
 
 
 def model(m: dict, wet_tb: float, docs: float, pods: int, input_files: float, trainer: dict) -> dict:
@@ -259,6 +295,10 @@ def model(m: dict, wet_tb: float, docs: float, pods: int, input_files: float, tr
            "tokenizer": phases.get("tokenizer", 0.0) * cfg["sample_bytes"] / max(m["tokenizer_sample_bytes"], 1),
            "tokenize": phases.get("tokenize", 0.0) * scale, "shards": phases.get("shards", 0.0) * scale,
            "report": slopes.get("report", 0.0) * inputs}
+    # a dedup task's requests cost client CPU too (the local run reads no S3): measured per request
+    per_request, request_cpu_measured = request_cpu(m)
+    dedup_request_cpu = per_request * (dd["gets"] + 2 * dd["tasks"])
+    cpu["dedup"] += dedup_request_cpu
     tasks = {"inputs": inputs, "dedup": dd["tasks"], "cluster": cl["tasks"], "merge": 1, "tokenizer": 1,
              "tokenize": inputs, "shards": shard_parts, "report": 1}
 
@@ -291,17 +331,13 @@ def model(m: dict, wet_tb: float, docs: float, pods: int, input_files: float, tr
     sample_read = cfg["sample_bytes"] * docs_per_text + files["docs"][0] / inputs  # the sample, then one input
     wet_part = max(1, math.ceil(files["wet_input"][0] / inputs / PART))
     # phase -> requests by prefix: (prefix, GET bytes, GETs, PUT bytes, PUTs)
-    key_gets = dd["tasks"] * 2 * inputs + c.bands * dd["ppb"] * inputs * dd["hit"]  # header + section, doc ids
-    sig_gets = c.bands * dd["ppb"] * (dd["candidates"] + 2 * inputs * dd["hit"])  # rows, .npy header
-    key_bytes = 16 * c.n * (c.bands + 2) + dd["tasks"] * inputs * 8 * (dd["tasks"] + 3) \
-        + c.bands * dd["ppb"] * 8 * c.n * dd["hit"]
     io = {
         "inputs": [("WET files", files["wet_input"][0], inputs * wet_part, 0, 0),
                    *((prefix, 0, 0, *put(k)) for k, prefix in (
                        ("docs", "work/docs/"), ("dedup_keys", "work/minhash/keys/"), ("signatures", "work/minhash/"),
                        ("filter_rejects", "rejects/"), ("small", "work/stats/, work/done/")))],
-        "dedup": [("work/minhash/keys/", key_bytes, key_gets, 0, 0),
-                  ("work/minhash/ (signatures)", dd["get_bytes"] - key_bytes, sig_gets, 0, 0),
+        "dedup": [("work/minhash/keys/", dd["key_bytes"], dd["key_gets"], 0, 0),
+                  ("work/minhash/ (signatures)", dd["sig_bytes"], dd["sig_gets"], 0, 0),
                   ("work/dedup/", 0, 0, *put("edges"))],
         "cluster": [("work/dedup/", *whole("edges"), *put("forest"))],
         "merge": [("work/dedup/", *whole("forest"), 0, 0), ("work/dedup/removed/", 0, 0, *put("removed"))],
@@ -324,11 +360,18 @@ def model(m: dict, wet_tb: float, docs: float, pods: int, input_files: float, tr
         get_b, get_r = sum(x[1] for x in parts), sum(x[2] for x in parts)
         put_b, put_r = sum(x[3] for x in parts), sum(x[4] for x in parts)
         n = tasks[name]
-        task_seconds = (cpu[name] + (get_r + put_r) * REQUEST_LATENCY) / n  # a task's requests in sequence
+        # a task's requests in sequence, a dedup task's reads READ_THREADS at a time: their waits
+        # overlap their client CPU, so a dedup task takes its other CPU plus the longer of the two
+        request_seconds = (get_r / (READ_THREADS if name == "dedup" else 1) + put_r) * REQUEST_LATENCY
+        if name == "dedup":
+            task_seconds = (cpu[name] - dedup_request_cpu + max(dedup_request_cpu, request_seconds)) / n
+        else:
+            task_seconds = (cpu[name] + request_seconds) / n
         wall = task_seconds * n / min(pods, n)
         rows.append({"phase": name, "tasks": n, "cpu_hours": cpu[name] / 3600,
-                     "request_hours": (get_r + put_r) * REQUEST_LATENCY / 3600, "wall_hours": wall / 3600,
+                     "request_hours": request_seconds / 3600, "wall_hours": wall / 3600,
                      "task_seconds": task_seconds,
+                     "request_cpu_hours": (dedup_request_cpu if name == "dedup" else 0.0) / 3600,
                      "per_core_mb_s": c.bench_mb / phases[name] if phases.get(name) and name in
                      ("inputs", "tokenize", "shards") else None,
                      "assumed": name in ("cluster", "merge") and cluster_assumed})
@@ -343,11 +386,12 @@ def model(m: dict, wet_tb: float, docs: float, pods: int, input_files: float, tr
     memory = [
         {"phase": "inputs", "at_scale": rss.get("inputs", 0), "grows_with": "flat (one input per task)"},
         {"phase": "dedup", "at_scale": dd["rss"],
-         "grows_with": f"{human(c.n)} docs / {dd['ppb']:,} per band x {DEDUP_BYTES_PER_DOC} B "
-                       f"({human(dd['memory']['keys'], 'B')}); {inputs:,} key-file headers x (8 B x "
-                       f"{dd['tasks']:,} partitions + {KEYFILE_OBJECT_BYTES} B) "
-                       f"({human(dd['memory']['headers'], 'B')}); doc ids of the {dd['hit']:.0%} of inputs with a "
-                       f"candidate x 8 B ({human(dd['memory']['signature ids'], 'B')})"},
+         "grows_with": f"{human(c.n)} docs / {dd['ppb']:,} per band x {DEDUP_BYTES_PER_ENTRY} B "
+                       f"({human(dd['memory']['keys'], 'B')}); {inputs:,} inputs' reads and sections x "
+                       f"{(FUTURE_BYTES + SECTION_OBJECT_BYTES) / 1e3:.1f} kB ({human(dd['memory']['inputs'], 'B')}); "
+                       f"{human(dd['candidates'])} candidates' signature rows x "
+                       f"{(c.row_bytes + ROW_OBJECT_BYTES + FUTURE_BYTES) / 1e3:.1f} kB "
+                       f"({human(dd['memory']['signatures'], 'B')})"},
         {"phase": "cluster", "at_scale": cl["task_rss"],
          "grows_with": f"{human(c.edges)} edges / {cl['tasks']:,} tasks x {CLUSTER_BYTES_PER_EDGE} B"},
         {"phase": "merge", "at_scale": cl["merge_rss"],
@@ -377,7 +421,7 @@ def model(m: dict, wet_tb: float, docs: float, pods: int, input_files: float, tr
     serial = sum(r["wall_hours"] for r in rows if r["tasks"] == 1 and r["phase"] != "tokenizer")
     return {"rows": rows, "s3": s3, "memory": memory, "dedup": dd, "dedup_fits": dedup_fits, "cluster": cl,
             "cluster_fits": cluster_fits, "cluster_alone": c.cluster_tasks_alone(dd["tasks"]),
-            "dedup_alone": c.best_dedup_without_lookup(),
+            "request_cpu": per_request, "request_cpu_measured": request_cpu_measured,
             "crawl": c, "measured_date": m.get("date") or "an unrecorded date", "n_shards": n_shards, "blocks": blocks,
             "manifest_bytes": manifest_bytes, "trainer": train, "serial_hours": serial,
             "wall_hours": sum(r["wall_hours"] for r in rows)}
@@ -429,8 +473,10 @@ def limits(m: dict, args: argparse.Namespace) -> list[dict]:
         ("report memory", "the report task passes 1.5 GB", _rss_of("report")),
         ("trainer block GETs", f"{args.train_nodes:,} training nodes' block fetches pass {S3_PREFIX_GETS:,} GET/s "
                                "on the shards' prefix", lambda r: r["trainer"]["gets_per_s"] - S3_PREFIX_GETS),
-        ("dedup request time", "a dedup task's S3 requests, one after another, take longer than its CPU work",
-         lambda r: r["rows"][1]["request_hours"] - r["rows"][1]["cpu_hours"]),
+        ("dedup request time", f"a dedup task's S3 requests ({READ_THREADS} at a time, or their client CPU, whichever "
+                               "is longer) take longer than its other CPU work",
+         lambda r: 2 * max(r["rows"][1]["request_hours"], r["rows"][1]["request_cpu_hours"])
+         - r["rows"][1]["cpu_hours"]),
         ("serial tail", "the one-task steps (merge, report) take longer than all the parallel phases",
          lambda r: 2 * r["serial_hours"] - r["wall_hours"]),
     ]
@@ -454,12 +500,11 @@ def render(result: dict, provisional: bool, args: argparse.Namespace, broken: li
     out = [f"Generated by `.venv/bin/python bench/scale_model.py --write docs/scaling.md`{mark}: "
            f"{args.wet_tb:g} TB of WET, {human(args.docs)} documents, {args.input_files:,} WET files, "
            f"{args.pods:,} one-core pods; every S3 request {REQUEST_LATENCY * 1e3:.0f} ms (assumed), a task's "
-           f"requests one after another.", "",
+           f"requests one after another, a dedup task's reads {READ_THREADS} at a time.", "",
            f"Settings the model picks: `minhash.partitions_per_band = {dd['ppb']:,}` ({dd['tasks']:,} dedup "
            f"tasks), " + ("the smallest that keeps every dedup task under 1.5 GB" if result["dedup_fits"] else
                           f"the least dedup task memory any setting gives ({human(dd['rss'], 'B')}: none keeps it "
-                          f"under 1.5 GB; without the doc ids the signature lookup keeps, the least would be "
-                          f"{human(result['dedup_alone']['rss'], 'B')}, at {result['dedup_alone']['ppb']:,})") +
+                          f"under 1.5 GB)") +
            f"; `minhash.cluster_tasks = {cl['tasks']:,}`, " +
            ("the smallest that keeps the cluster tasks and the merge under 1.5 GB." if result["cluster_fits"] else
             f"the least memory for the larger of a cluster task and the merge (none keeps both under 1.5 GB: "
@@ -486,8 +531,9 @@ def render(result: dict, provisional: bool, args: argparse.Namespace, broken: li
         out.append(f"| {r['phase']} | {human(r['measured'], 'B')} | {human(r['at_scale'], 'B')} | {r['grows_with']} |")
     largest = max(result["memory"], key=lambda r: r["at_scale"])
     out += ["", f"Largest single task: **{largest['phase']}**, {human(largest['at_scale'], 'B')}. A near-duplicate "
-            f"dedup task reads {human(dd['near_task_gets'])} objects' ranges one after another "
-            f"({human(dd['candidates'])} signature rows; {dd['near_task_gets'] * REQUEST_LATENCY / 3600:.1f} h at "
+            f"dedup task makes {human(dd['near_task_gets'])} ranged GETs and HEADs, {READ_THREADS} at a time "
+            f"({human(3 * c.inputs)} for its key-file sections, {human(dd['candidates'])} signature rows; "
+            f"{dd['near_task_gets'] * REQUEST_LATENCY / READ_THREADS / 3600:.2f} h at "
             f"{REQUEST_LATENCY * 1e3:.0f} ms each)."]
     t = result["trainer"]
     out += ["", f"Shards: {human(result['n_shards'])} with {human(result['blocks'])} block hashes, one manifest of "
@@ -511,7 +557,10 @@ def render(result: dict, provisional: bool, args: argparse.Namespace, broken: li
             f"{REQUEST_LATENCY * 1e3:.0f} ms per S3 request; "
             + ("cluster and merge CPU from the flatness runs' cluster task" if not result["rows"][2]["assumed"] else
                f"cluster {CLUSTER_SECONDS_PER_EDGE * 1e9:.0f} ns of CPU per edge")
-            + "; signature rows read per near task = 2 x its near edges."]
+            + f"; {result['request_cpu'] * 1e3:.1f} ms of client CPU per dedup S3 request ("
+            + ("from the flatness runs' dedup tasks over S3" if result["request_cpu_measured"] else "assumed")
+            + "); signature rows read per near task = 2 x its near edges; a dedup task's Python objects "
+            "(estimated from CPython's object sizes, `MEMORY` in bench/scale_model.py)."]
     return "\n".join(out)
 
 

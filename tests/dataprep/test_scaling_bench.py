@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -68,3 +70,17 @@ def test_the_scale_model_splits_dedup_and_clustering_as_the_pipeline_does():
         dedup = crawl.dedup(ppb)
         assert dedup["tasks"] == PartitionPlan.from_config(config).count
         assert crawl.cluster(tasks, dedup["tasks"])["tasks"] == len(cluster_groups(config))
+
+
+def test_the_scale_model_reads_dedup_key_files_as_the_pipeline_writes_them():
+    """24 bytes per (doc id, key, signature row) entry, every document once per key column, a
+    header of P + 2 words; the dedup reads READ_THREADS at a time."""
+    from lmforge.dataprep import dedup_global, dedup_keys
+
+    model = _bench("scale_model")
+    assert model.READ_THREADS == dedup_global.READ_THREADS
+    ids = np.arange(10, dtype=np.uint64)
+    keys = np.random.default_rng(0).integers(0, 2**63, size=(10, 3), dtype=np.uint64)
+    sections = [(column, key_slice) for column in range(3) for key_slice in range(2)]
+    blob = dedup_keys.encode_keys(ids, keys, sections, 2)
+    assert len(blob) == 8 * (len(sections) + 2) + 24 * len(ids) * 3
