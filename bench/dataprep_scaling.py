@@ -65,8 +65,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--flat-files", type=int, default=4, help="WET files of the flatness corpus at 1x")
     p.add_argument("--flat-factors", default="1,2,4", help="sizes of the flatness runs, as multiples of --flat-mb")
     p.add_argument("--flat-set", action="append", default=None, metavar="FIELD=VALUE",
-                   help="config overrides of the flatness runs (default: tokenizer.sample_bytes=4194304, so the "
-                        "tokenizer's bounded sample is below the 1x corpus and stays the same size)")
+                   help="config overrides of the flatness runs (default: tokenizer.sample_bytes=2097152, so the "
+                        "tokenizer's bounded sample is below the 1x corpus's kept text and stays the same size)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="config overrides of every run (lmforge-dataprep --set)")
     p.add_argument("--seed", type=int, default=2026)
@@ -464,7 +464,7 @@ def main() -> None:
     args = parse_args()
     launcher = Launcher()
     if args.flat_set is None:
-        args.flat_set = ["tokenizer.sample_bytes=4194304"]
+        args.flat_set = ["tokenizer.sample_bytes=2097152"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"machine": {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),

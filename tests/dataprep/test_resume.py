@@ -3,6 +3,7 @@ rerun gives the same output as one never interrupted."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -53,6 +54,11 @@ def test_two_runs_are_byte_identical(inputs, reference, tmp_path):
     out = tmp_path / "again"
     assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 2, *SMALL) == 0
     assert _fingerprint(out) == _fingerprint(reference)
+    # the pool serves every phase, and each phase's CPU counts the tasks its pool processes ran
+    for phase in ("inputs", "tokenize"):
+        cpu = [sum(json.loads(p.read_text())["cpu_seconds"] for p in (root / "work/timings" / phase).glob("*.json"))
+               for root in (reference, out)]
+        assert cpu[1] > 0.5 * cpu[0] > 0, (phase, cpu)
 
 
 @pytest.mark.slow

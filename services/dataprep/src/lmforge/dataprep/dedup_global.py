@@ -29,7 +29,7 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from lmforge.common.errors import InputError
+from lmforge.common.errors import InputError, StorageError
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import MinHashConfig
@@ -99,8 +99,11 @@ def _partition_keys(store: Store, plan: PartitionPlan, i: int, partition: int
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(doc ids, keys, signature rows) of one partition of input i: its section of the input's key
     file, or for an input finished by an older version, its whole key matrix cut in memory."""
-    if store.exists(layout.dedup_keys(i)) or not store.exists(layout.minhash(i)):
+    try:
         return read_partition(store, i, partition)
+    except StorageError:  # no key file: an input an older version finished has its key matrix
+        if store.exists(layout.dedup_keys(i)) or not store.exists(layout.minhash(i)):
+            raise
     with np.load(io.BytesIO(store.read_bytes(layout.minhash(i)))) as data:
         ids, keys = data["doc_ids"], data["keys"]
     column, _, key_slice = plan.describe(partition)
@@ -115,8 +118,7 @@ def group_partition(store: Store, config: MinHashConfig, n_inputs: int, partitio
         return int(np.load(io.BytesIO(store.read_bytes(layout.edges(partition)))).shape[0])
     plan = PartitionPlan.from_config(config)
     _, kind, _ = plan.describe(partition)
-    with ThreadPoolExecutor(READ_THREADS) as pool:
-        sections = list(pool.map(lambda i: _partition_keys(store, plan, i, partition), range(n_inputs)))
+    sections = _bounded_map(lambda i: _partition_keys(store, plan, i, partition), range(n_inputs))
     if sections:
         ids, keys, rows = (np.concatenate(parts) for parts in zip(*sections))
     else:
@@ -179,22 +181,32 @@ def _edge_array(pairs, kind: int) -> np.ndarray:
     return edges
 
 
+def _bounded_map(fn, items, window: int = 1024) -> list:
+    """[fn(x) for x in items], READ_THREADS at a time, at most `window` submitted at once (a queued
+    read costs its Future's memory: a task can have a million of them)."""
+    items, results = list(items), []
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        for first in range(0, len(items), window):
+            results.extend(pool.map(fn, items[first : first + window]))
+    return results
+
+
 def _read_signatures(store: Store, doc_ids: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
     """The signatures of the given documents (doc id → input, row), each row read by a ranged read
     of its own (in parallel): a task reads its candidates' signatures, never a whole file."""
     inputs = (doc_ids >> np.uint64(32)).astype(np.int64)
-    layouts: dict[int, tuple[int, int, np.dtype]] = {}
-    with ThreadPoolExecutor(READ_THREADS) as pool:
-        for i, (offset, shape, dtype) in zip(
-                np.unique(inputs).tolist(),
-                pool.map(lambda i: _npy_layout(store, layout.signatures(i)), np.unique(inputs).tolist())):
-            layouts[i] = (offset, shape[1] * dtype.itemsize, dtype)
+    with_candidates = np.unique(inputs).tolist()
+    layouts = {}
+    for i, (offset, shape, dtype) in zip(
+            with_candidates, _bounded_map(lambda i: _npy_layout(store, layout.signatures(i)), with_candidates)):
+        layouts[i] = (offset, shape[1] * dtype.itemsize, dtype)
 
-        def row(i: int, r: int) -> np.ndarray:
-            offset, row_bytes, dtype = layouts[i]
-            return np.frombuffer(store.read_range(layout.signatures(i), offset + r * row_bytes, row_bytes), dtype=dtype)
+    def row(item: tuple[int, int]) -> np.ndarray:
+        i, r = item
+        offset, row_bytes, dtype = layouts[i]
+        return np.frombuffer(store.read_range(layout.signatures(i), offset + r * row_bytes, row_bytes), dtype=dtype)
 
-        return list(pool.map(row, inputs.tolist(), rows.tolist()))
+    return _bounded_map(row, list(zip(inputs.tolist(), rows.tolist())))
 
 
 def _npy_layout(store: Store, rel: str) -> tuple[int, tuple[int, ...], np.dtype]:

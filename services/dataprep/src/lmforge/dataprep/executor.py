@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from lmforge.common.storage import Store, open_store
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.tasks import Task
+from lmforge.dataprep.timings import add_pool_task_cpu, process_cpu_seconds
 
 OnResult = Callable[[Any], None]
 
@@ -75,7 +76,8 @@ class PoolExecutor:
         futures = [self._pool.submit(_run_in_pool_process, task) for task in tasks]
         try:
             for future in as_completed(futures):
-                result = future.result()
+                result, cpu_seconds = future.result()
+                add_pool_task_cpu(cpu_seconds)
                 results.append(result)
                 on_result(result)
         except BaseException:
@@ -118,9 +120,12 @@ def _init_pool_process(output: str, config_json: str, parent_pid: int) -> None:
     _pool_process = open_store(output), DataprepConfig.model_validate_json(config_json)
 
 
-def _run_in_pool_process(task: Task):
+def _run_in_pool_process(task: Task) -> tuple[Any, float]:
+    """The task's result and the CPU seconds it took (the parent adds them to its phase's)."""
     store, config = _pool_process
-    return run_task(task, store, config)
+    started = process_cpu_seconds()
+    result = run_task(task, store, config)
+    return result, process_cpu_seconds() - started
 
 
 def _die_with_parent(parent_pid: int) -> None:

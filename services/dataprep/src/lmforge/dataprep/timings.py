@@ -3,7 +3,7 @@ recorded them.
 
 Every process that does work in a phase writes one record when its part of the phase ends,
 work/timings/<phase>/<host>-<pid>-<start µs>.json: start and end (epoch seconds), CPU seconds
-(its own and those of the pool processes it waited for) and its own peak RSS (the pool
+(its own and those of the tasks its pool processes ran for it) and its own peak RSS (the pool
 processes report theirs per task). A phase's wall-clock is the length of the union of its records' intervals:
 Indexed-Job pods working side by side count once, and a rerun after a crash adds its own time.
 A process killed mid-phase leaves no record, and a rerun with nothing left to do writes none.
@@ -33,12 +33,24 @@ PHASES: dict[str, str] = {
 }
 
 
+# CPU seconds of the tasks this process handed to its pool processes, as each task reported its
+# own when it ended (executor.py). A local run's pool lives across phases, so the pool processes'
+# rusage (RUSAGE_CHILDREN) arrives only when the pool is shut down, after the last phase.
+_pool_task_cpu = 0.0
+
+
+def add_pool_task_cpu(seconds: float) -> None:
+    global _pool_task_cpu
+    _pool_task_cpu += seconds
+
+
+def process_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _cpu_seconds() -> float:
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
+    return process_cpu_seconds() + _pool_task_cpu
 
 
 @contextlib.contextmanager
