@@ -117,6 +117,10 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 def _init_pool_process(output: str, config_json: str, parent_pid: int) -> None:
     global _pool_process
     _die_with_parent(parent_pid)
+    # The pool's processes are the parallelism: a tokenizer's encode_batch spreading over every
+    # core in each of them only oversubscribes the machine (measured: tokenize at 2 processes
+    # 1.68x faster than at 1 with it, 1.9x without).
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _pool_process = open_store(output), DataprepConfig.model_validate_json(config_json)
 
 
