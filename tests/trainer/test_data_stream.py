@@ -105,6 +105,31 @@ def test_two_processes_share_one_bounded_cache(s3, prepared, tmp_path):
     assert not list(cache.tmp_dir.iterdir())
 
 
+def _open_cache_at(cache_dir, barrier, results):
+    barrier.wait()  # every process opens the new cache at the same moment, as a node's ranks do
+    try:
+        BlockCache(cache_dir, 1 << 20)
+        results.put("ok")
+    except Exception as exc:  # noqa: BLE001 - the test reports whatever a process hit
+        results.put(repr(exc))
+
+
+def test_ranks_opening_a_new_cache_at_once_all_succeed(tmp_path):
+    """SQLite answers a concurrent switch to WAL with 'database is locked' at once; the setup is
+    serialized so no rank fails at start."""
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        barrier, results = context.Barrier(4), context.Queue()
+        processes = [context.Process(target=_open_cache_at, args=(tmp_path / f"cache-{attempt}", barrier, results))
+                     for _ in range(4)]
+        for process in processes:
+            process.start()
+        outcomes = [results.get(timeout=60) for _ in processes]
+        for process in processes:
+            process.join(timeout=60)
+        assert outcomes == ["ok"] * 4, outcomes
+
+
 def test_lru_eviction_and_a_dead_fill_recovered(tmp_path):
     cache = BlockCache(tmp_path, max_bytes=20)
     blocks = {name: name.encode() * 10 for name in ("a", "b", "c")}  # 10 bytes each

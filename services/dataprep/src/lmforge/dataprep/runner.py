@@ -146,33 +146,39 @@ def _pending(run: Run, tasks: list[T]) -> list[T]:
     return [task for task in tasks if not run.store.exists(task.done_marker)]
 
 
-def _execute(run: Run, tasks: list[Task], progress: Progress, on_result: Callable | None = None) -> list:
+def _run_tasks(run: Run, phase: str, tasks: list[Task], indices: Iterable[int] | None, *, timing: str | None = None,
+               unit: str = "inputs", on_result: Callable | None = None, **log_fields) -> list:
+    """Run the tasks at `indices` (all when None) that are not complete yet through the run's
+    executor: logged, counted as progress and timed as part of `timing` (default: `phase`)."""
+    chosen = _chosen(tasks, indices)
+    pending = _pending(run, chosen)
+    run.log.info("phase_start", phase=phase, tasks=len(chosen), pending=len(pending), **log_fields)
+    progress = Progress(run.log, phase, len(pending), unit=unit)
+
     def done(result) -> None:
         if on_result:
             on_result(result)
         progress.advance()
 
-    return run.executor().run(tasks, done)
+    with timed_phase(run.store, timing or phase, len(pending)):
+        results = run.executor().run(pending, done)
+    progress.close()
+    return results
 
 
 # ------------------------------------------------------------------ phases
 
 
 def run_inputs(run: Run, indices: Iterable[int] | None = None) -> list:
-    chosen = _chosen(input_tasks(run.inputs), indices)
-    pending = _pending(run, chosen)
-    run.log.info("phase_start", phase="inputs", inputs=len(chosen), pending=len(pending),
-                 input_bytes=sum(input_size(task.uri) or 0 for task in pending))
-    progress = Progress(run.log, "inputs", len(pending))
+    tasks = input_tasks(run.inputs)
+    pending = _pending(run, _chosen(tasks, indices))
 
     def report(result):
         run.log.info("input_done", input=result.uri, seconds=round(result.seconds, 3),
                      docs_kept=result.docs_kept, peak_rss_bytes=result.peak_rss_bytes)
 
-    with timed_phase(run.store, "inputs", len(pending)):
-        results = _execute(run, pending, progress, report)
-    progress.close()
-    return results
+    return _run_tasks(run, "inputs", tasks, indices, on_result=report,
+                      input_bytes=sum(input_size(task.uri) or 0 for task in pending))
 
 
 def missing_inputs(run: Run) -> list[int]:
@@ -221,26 +227,14 @@ def run_dedup(run: Run, indices: Iterable[int] | None = None) -> None:
     _require_inputs_done(run)
     _require_documents(run)
     check_minhash_config(run.store, run.config.minhash)
-    chosen = _chosen(partition_tasks(run.config, run.n_inputs), indices)
-    pending = _pending(run, chosen)
-    run.log.info("phase_start", phase="dedup", partitions=len(chosen), pending=len(pending))
-    progress = Progress(run.log, "dedup", len(pending), unit="partitions")
-    with timed_phase(run.store, "dedup", len(pending)):
-        _execute(run, pending, progress)
-    progress.close()
+    _run_tasks(run, "dedup", partition_tasks(run.config, run.n_inputs), indices, unit="partitions")
 
 
 def run_cluster(run: Run, indices: Iterable[int] | None = None) -> dict | None:
     """The cluster tasks at `indices` (all when None: then their merge too, whose summary it returns)."""
     if indices is None and run.store.exists(layout.DEDUP_STATS):
         return json.loads(run.store.read_text(layout.DEDUP_STATS))
-    chosen = _chosen(cluster_tasks(run.config), indices)
-    pending = _pending(run, chosen)
-    run.log.info("phase_start", phase="cluster", tasks=len(chosen), pending=len(pending))
-    progress = Progress(run.log, "cluster", len(pending), unit="tasks")
-    with timed_phase(run.store, "dedup", len(pending)):
-        _execute(run, pending, progress)
-    progress.close()
+    _run_tasks(run, "cluster", cluster_tasks(run.config), indices, timing="dedup", unit="tasks")
     return run_cluster_merge(run) if indices is None else None
 
 
@@ -271,13 +265,7 @@ def _tokenizer_info(run: Run) -> dict:
 
 
 def run_tokenize(run: Run, indices: Iterable[int] | None = None) -> None:
-    chosen = _chosen(tokenize_tasks(_tokenizer_info(run), run.n_inputs), indices)
-    pending = _pending(run, chosen)
-    run.log.info("phase_start", phase="tokenize", inputs=len(chosen), pending=len(pending))
-    progress = Progress(run.log, "tokenize", len(pending))
-    with timed_phase(run.store, "tokenize", len(pending)):
-        _execute(run, pending, progress)
-    progress.close()
+    _run_tasks(run, "tokenize", tokenize_tasks(_tokenizer_info(run), run.n_inputs), indices)
 
 
 def run_shards(run: Run, indices: Iterable[int] | None = None) -> dict | None:
@@ -287,13 +275,8 @@ def run_shards(run: Run, indices: Iterable[int] | None = None) -> dict | None:
     missing = [i for i in range(run.n_inputs) if not run.store.exists(layout.tokenize_done(i))]
     if missing:
         raise InputError(f"{len(missing)} input(s) not tokenized yet: run the tokenize stage first")
-    chosen = _chosen(shard_tasks(run.config, _tokenizer_info(run), run.n_inputs), indices)
-    pending = _pending(run, chosen)
-    run.log.info("phase_start", phase="shards", partitions=len(chosen), pending=len(pending))
-    progress = Progress(run.log, "shards", len(pending), unit="partitions")
-    with timed_phase(run.store, "shards", len(pending)):
-        _execute(run, pending, progress)
-    progress.close()
+    _run_tasks(run, "shards", shard_tasks(run.config, _tokenizer_info(run), run.n_inputs), indices,
+               unit="partitions")
     return run_manifest(run) if indices is None else None
 
 

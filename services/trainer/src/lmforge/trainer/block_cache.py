@@ -51,13 +51,17 @@ class BlockCache:
         self.blocks_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(exist_ok=True)
         self.locks_dir.mkdir(exist_ok=True)
-        self._db = sqlite3.connect(self.root / "index.sqlite", timeout=300, isolation_level=None,
-                                   check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=OFF")
-        self._db.execute("CREATE TABLE IF NOT EXISTS blocks (name TEXT PRIMARY KEY, bytes INTEGER NOT NULL, "
-                         "used INTEGER NOT NULL)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS blocks_by_use ON blocks (used)")
+        # The node's ranks open the index at the same moment; SQLite answers a concurrent switch to
+        # WAL with "database is locked" at once (no busy wait), so one process at a time sets it up.
+        with open(self.root / "index.lock", "a") as setup_lock:
+            fcntl.flock(setup_lock, fcntl.LOCK_EX)
+            self._db = sqlite3.connect(self.root / "index.sqlite", timeout=300, isolation_level=None,
+                                       check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=OFF")
+            self._db.execute("CREATE TABLE IF NOT EXISTS blocks (name TEXT PRIMARY KEY, bytes INTEGER NOT NULL, "
+                             "used INTEGER NOT NULL)")
+            self._db.execute("CREATE INDEX IF NOT EXISTS blocks_by_use ON blocks (used)")
         self._db_lock = threading.Lock()
         self._touched: dict[str, int] = {}
         self._last_touch_flush = time.monotonic()

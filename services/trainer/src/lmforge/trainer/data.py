@@ -62,6 +62,13 @@ class KeyedPermutation:
         return x
 
 
+def locate_sequence(ends: np.ndarray, index: int) -> tuple[int, int]:
+    """(shard, sequence within it) of a source's sequence `index`; `ends`: the cumulative
+    sequence counts of its shards."""
+    shard_index = int(np.searchsorted(ends, index, side="right"))
+    return shard_index, index - (int(ends[shard_index - 1]) if shard_index else 0)
+
+
 @dataclass
 class _Shard:
     path: Path
@@ -113,8 +120,7 @@ class ShardSource:
 
     def sequence(self, index: int) -> np.ndarray:
         """seq_len + 1 tokens: inputs and (shifted by one) targets."""
-        shard_index = int(np.searchsorted(self._ends, index, side="right"))
-        start_in_shard = index - (int(self._ends[shard_index - 1]) if shard_index else 0)
+        shard_index, start_in_shard = locate_sequence(self._ends, index)
         start = start_in_shard * self.seq_len
         return np.asarray(self.shards[shard_index].tokens[start : start + self.seq_len + 1], dtype=np.int64)
 

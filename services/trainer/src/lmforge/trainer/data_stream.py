@@ -32,7 +32,7 @@ from lmforge.common.s3 import NOT_FOUND_CODES, S3Bucket, error_code
 from lmforge.common.shards import HEADER_BYTES, ShardHeader, token_dtype
 from lmforge.common.storage import S3Location, local_path_of, scheme_of
 from lmforge.trainer.block_cache import BlockCache
-from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource
+from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource, locate_sequence
 
 MANIFEST = "manifest.json"
 FETCH_THREADS = 16  # sequences of a batch read at once (each a block fetch at worst)
@@ -85,8 +85,7 @@ class StreamingSource:
 
     def sequence(self, index: int) -> np.ndarray:
         """seq_len + 1 tokens: inputs and (shifted by one) targets (as ShardSource.sequence)."""
-        shard_index = int(np.searchsorted(self._ends, index, side="right"))
-        start_in_shard = index - (int(self._ends[shard_index - 1]) if shard_index else 0)
+        shard_index, start_in_shard = locate_sequence(self._ends, index)
         shard = self.shards[shard_index]
         if not shard.header_checked:
             self._check_header(shard)
