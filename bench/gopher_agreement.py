@@ -35,10 +35,13 @@ sys.path.insert(0, str(HERE))
 
 from debian_docs import build_corpus  # noqa: E402
 
-from lmforge.dataprep.config import GopherQualityConfig  # noqa: E402
 from lmforge.dataprep.document import Document  # noqa: E402
 from lmforge.dataprep.steps.langid import LanguageFilter  # noqa: E402
-from lmforge.dataprep.steps.quality import GopherQualityFilter, GopherRepetitionFilter  # noqa: E402
+from lmforge.dataprep.steps.quality import (  # noqa: E402
+    GopherQualityConfig,  # noqa: E402
+    GopherQualityFilter,
+    GopherRepetitionFilter,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -31,9 +31,8 @@ sys.path.insert(0, str(HERE))
 
 from debian_docs import build_corpus  # noqa: E402
 
-from lmforge.dataprep.config import LangIdConfig  # noqa: E402
 from lmforge.dataprep.document import Document  # noqa: E402
-from lmforge.dataprep.steps.langid import LanguageFilter  # noqa: E402
+from lmforge.dataprep.steps.langid import LangIdConfig, LanguageFilter  # noqa: E402
 from lmforge.dataprep.steps.quality import GopherQualityFilter, GopherRepetitionFilter  # noqa: E402
 
 METHODS = {"whole_text": LangIdConfig(prose_lines=False), "prose_lines": LangIdConfig()}

@@ -95,7 +95,7 @@ def test_every_field_of_every_service_is_listed():
     assert rows["data.sources[].path"][1] == "required"
     assert rows["data.sources[].weight"][1] == "`1.0`"
     assert rows["optim.schedule"][0] == '`"cosine" \\| "wsd"`'
-    assert rows["langid.languages"][1] == '`["en"]`'  # a default_factory, evaluated
+    assert rows["steps.langid.languages"][1] == '`["en"]`'  # a default_factory, evaluated
     assert rows["engine.max_running"][1] == "`8`"
 
 

@@ -117,8 +117,9 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 def _assert_matches(model: type[BaseModel], node: dict, where: str) -> None:
-    """Every field of `model` is in `node` with the model's default; nothing else is allowed."""
-    assert node["additionalProperties"] is False, where
+    """Every field of `model` is in `node` with the model's default; nothing else is allowed, except
+    in a model that takes extra keys (the data-prep steps: a user's own step ids)."""
+    assert node["additionalProperties"] is (model.model_config.get("extra") == "allow"), where
     assert list(node["properties"]) == list(model.model_fields), where
     assert node.get("required", []) == [n for n, f in model.model_fields.items() if f.is_required()], where
     for name, field in model.model_fields.items():
@@ -138,14 +139,15 @@ def test_each_service_config_section_is_its_models_schema(schema, path):
 
 
 def test_service_number_fields_take_numeric_strings_as_helm_set_gives_them(schema):
-    """`helm --set dataprep.config.langid.threshold=0.5` makes 0.5 a string, which the service reads as a number."""
+    """`helm --set dataprep.config.steps.langid.threshold=0.5` makes 0.5 a string; the service reads a number."""
     validator = jsonschema.Draft7Validator(schema)
     base = yaml.safe_load(VALUES.read_text(encoding="utf-8"))
 
     def valid(config: dict) -> bool:
         return validator.is_valid({**base, "dataprep": {**base["dataprep"], "config": config}})
 
-    assert valid({"langid": {"threshold": "0.5"}}) and valid({"langid": {"threshold": 0.5}})
-    assert not valid({"langid": {"threshold": "lots"}}) and not valid({"langid": {"threshold": 1.5}})
-    assert not valid({"langid": {"treshold": 0.5}})
+    assert valid({"steps": {"langid": {"threshold": "0.5"}}}) and valid({"steps": {"langid": {"threshold": 0.5}}})
+    assert not valid({"steps": {"langid": {"threshold": "lots"}}})
+    assert not valid({"steps": {"langid": {"threshold": 1.5}}})
+    assert not valid({"steps": {"langid": {"treshold": 0.5}}})
     assert not valid({"minhash": {"num_perm": "128"}})  # integers come through --set as integers

@@ -75,11 +75,11 @@ def test_broken_inputs_are_counted_and_the_rest_processed(tmp_path, capsys):
 def test_bad_config_names_the_field(tmp_path, capsys):
     good = tmp_path / "in.warc.wet"
     good.write_bytes(wet_record("https://x.example/", prose(1)))
-    code = run_cli("run", "--input", good, "--output", tmp_path / "out", "--set", "langid.threshold=1.5")
+    code = run_cli("run", "--input", good, "--output", tmp_path / "out", "--set", "steps.langid.threshold=1.5")
     assert code == 2
-    assert "langid.threshold" in capsys.readouterr().err
+    assert "steps.langid.threshold" in capsys.readouterr().err
     config = tmp_path / "c.yaml"
-    config.write_text("quality:\n  min_doc_words: 500\n  max_doc_words: 100\n")
+    config.write_text("steps:\n  gopher_quality:\n    min_doc_words: 500\n    max_doc_words: 100\n")
     assert run_cli("run", "--input", good, "--output", tmp_path / "out", "--config", config) == 2
     assert "min_doc_words" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from lmforge.common.errors import InputError
-from lmforge.dataprep.config import ContaminationConfig
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.steps.contamination import ContaminationFilter, NgramHasher, normalized_words
+from lmforge.dataprep.steps.contamination import ContaminationConfig, ContaminationFilter, NgramHasher, normalized_words
 
 QUESTION = (
     "A train leaves the station at nine in the morning and travels north at sixty miles per hour "
@@ -159,8 +158,11 @@ def test_malformed_lines_raise_input_error_with_file_and_line(tmp_path, second_l
 
 
 def test_missing_eval_set_is_an_input_error(tmp_path):
-    with pytest.raises(InputError):
-        contamination([str(tmp_path / "absent.jsonl")])
+    missing = str(tmp_path / "absent.jsonl")
+    with pytest.raises(ValueError, match="eval set not found"):  # when the config loads
+        ContaminationConfig(eval_sets=[missing])
+    with pytest.raises(InputError):  # and should it vanish before the step starts
+        ContaminationFilter(ContaminationConfig.model_construct(eval_sets=[missing]))
 
 
 def test_normalization():

@@ -160,8 +160,7 @@ def test_signatures_from_another_config_are_refused(tmp_path):
 
 # ------------------------------------------------------------ partitions read only their own keys
 
-_NO_FILTERS = {"langid": {"enabled": False}, "quality": {"enabled": False}, "repetition": {"enabled": False},
-               "pii": {"enabled": False}}
+_NO_FILTERS = {"pipeline": ["url_dedup", "exact_dedup"]}
 
 
 class _RecordingStore(LocalStore):

@@ -5,9 +5,8 @@ from pathlib import Path
 import pytest
 
 from lmforge.common.errors import ConfigError
-from lmforge.dataprep.config import LangIdConfig
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.steps.langid import LanguageFilter, prose_text
+from lmforge.dataprep.steps.langid import LangIdConfig, LanguageFilter, prose_text
 from lmforge.dataprep.steps.reader import WetReader
 
 # Whole documentation pages from Debian packages (sources and licenses: doc_excerpts/SOURCES.md)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmforge.dataprep.config import PIIConfig
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.steps.pii import PIIScrubber, luhn_valid
+from lmforge.dataprep.steps.pii import PIIConfig, PIIScrubber, luhn_valid
 
 
 def scrub(text: str, **config) -> Document:
@@ -166,8 +165,15 @@ def test_kinds_can_be_switched_off_and_placeholders_changed():
     assert doc.text == "Mail a@example.com, call <PHONE>, host 93.184.216.34, card <CREDIT_CARD>."
     doc = scrub(text, phones=False, credit_cards=False, email_placeholder="[mail]", ipv4_placeholder="[ip]")
     assert doc.text == "Mail [mail], call 555-123-4567, host [ip], card 4111 1111 1111 1111."
-    doc = scrub(text, enabled=False)
-    assert doc.text == text and "pii" not in doc.metadata
+
+
+def test_a_disabled_step_is_left_out_of_the_pipeline():
+    from lmforge.dataprep.config import DataprepConfig
+    from lmforge.dataprep.worker import build_filter_steps
+
+    config = DataprepConfig.model_validate({"steps": {"pii": {"enabled": False}}})
+    names = [step.name for step in build_filter_steps(config)]
+    assert names == ["url_dedup", "exact_dedup", "langid", "gopher_repetition", "gopher_quality"]
 
 
 def test_non_ascii_text_around_pii():

@@ -63,7 +63,7 @@ def eval_set(corpus, tmp_path_factory):
 def two_worker_run(corpus, eval_set, tmp_path_factory):
     _, inputs, _ = corpus
     out = tmp_path_factory.mktemp("run") / "out"
-    contamination = ["--set", f"contamination.eval_sets=[{eval_set[0]}]"]
+    contamination = ["--set", f"steps.contamination.eval_sets=[{eval_set[0]}]"]
     for index in (1, 0):  # order must not matter
         assert run_cli("run", "--input", *inputs, "--output", out, "--worker-index", index,
                        "--num-workers", 2, "--workers", 1, *SMALL, *contamination) == 0

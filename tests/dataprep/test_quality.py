@@ -10,9 +10,13 @@ from collections import Counter
 import pytest
 
 from lmforge.common.errors import ConfigError
-from lmforge.dataprep.config import GopherQualityConfig, GopherRepetitionConfig
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.steps.quality import GopherQualityFilter, GopherRepetitionFilter
+from lmforge.dataprep.steps.quality import (
+    GopherQualityConfig,
+    GopherQualityFilter,
+    GopherRepetitionConfig,
+    GopherRepetitionFilter,
+)
 
 PROSE = """The Lighthouse Keepers of the Northern Coast
 

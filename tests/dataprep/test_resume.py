@@ -91,7 +91,7 @@ def test_rerun_of_a_finished_run_changes_nothing(inputs, reference):
 
 def test_other_config_or_inputs_in_the_same_output_is_refused(inputs, reference, capsys):
     assert run_cli("run", "--input", *inputs, "--output", reference, "--workers", 1, *SMALL,
-                   "--set", "langid.threshold=0.3") == 2
+                   "--set", "steps.langid.threshold=0.3") == 2
     assert "different config" in capsys.readouterr().err
     assert run_cli("run", "--input", *inputs[:2], "--output", reference, "--workers", 1, *SMALL) == 2
     assert "different input list" in capsys.readouterr().err

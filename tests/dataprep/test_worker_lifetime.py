@@ -109,7 +109,7 @@ def test_workers_die_with_the_killed_main_process(tmp_path, trickle_server):
     out = tmp_path / "out"
     urls = [trickle_server.url(f"part-{i}.warc.wet") for i in range(2)]
     command = [sys.executable, "-m", "lmforge.dataprep", "run", "--input", *urls, "--output", str(out),
-               "--workers", "2", "--set", "langid.enabled=false"]
+               "--workers", "2", "--set", "steps.langid.enabled=false"]
     main = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     workers: list[int] = []

@@ -13,7 +13,7 @@ NAMESPACE = "ml"
 # Data prep and training on CPU only: what a cluster without GPUs (or kind) runs.
 CPU_ONLY = {
     "s3": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "lmforge-s3"},
-    "dataprep": {"enabled": True, "workers": 4, "parallelism": 2, "config": {"langid": {"threshold": 0.5}}},
+    "dataprep": {"enabled": True, "workers": 4, "parallelism": 2, "config": {"steps": {"langid": {"threshold": 0.5}}}},
     "training": {
         "enabled": True,
         "nprocPerNode": 2,

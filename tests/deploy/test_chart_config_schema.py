@@ -28,12 +28,12 @@ def test_the_schema_accepts_every_field_each_service_accepts(chart):
 
 
 def test_numbers_helm_set_leaves_as_strings_reach_the_services_as_numbers():
-    """`helm install --set dataprep.config.langid.threshold=0.5` gives the chart the string "0.5"."""
-    objects = render({"dataprep": {"enabled": True, "config": {"langid": {"threshold": "0.5"}}},
+    """`helm install --set dataprep.config.steps.langid.threshold=0.5` gives the chart the string "0.5"."""
+    objects = render({"dataprep": {"enabled": True, "config": {"steps": {"langid": {"threshold": "0.5"}}}},
                       "inference": {"config": {"engine": {"step_delay_seconds": "1e-3"}}}}, namespace=NAMESPACE)
     workers = next(j for j in find(objects, "Job") if j["metadata"]["name"].endswith("-workers"))
     args = container(workers["spec"]["template"]["spec"], "dataprep")["args"]
-    assert load_dataprep_config(None, set_values(args)).langid.threshold == 0.5
+    assert load_dataprep_config(None, set_values(args)).steps.langid.threshold == 0.5
     (deployment,) = find(objects, "Deployment")
     args = container(deployment["spec"]["template"]["spec"], "inference")["args"]
     assert load_serve_config(None, set_values(args)).engine.step_delay_seconds == pytest.approx(1e-3)

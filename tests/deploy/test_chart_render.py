@@ -111,8 +111,8 @@ BAD_VALUES = [
     ({"monitoring": {"serviceMonitors": {"interval": 30}}}, "/monitoring/serviceMonitors/interval"),
     ({"prometheus-pushgateway": {"enabled": "yes"}}, "/prometheus-pushgateway/enabled"),
     # services' config: sections, their schema generated from each service's model
-    ({"dataprep": {"config": {"langid": {"treshold": 0.5}}}}, "'treshold' not allowed"),
-    ({"dataprep": {"config": {"langid": {"threshold": 1.5}}}}, "/dataprep/config/langid/threshold"),
+    ({"dataprep": {"config": {"steps": {"langid": {"treshold": 0.5}}}}}, "'treshold' not allowed"),
+    ({"dataprep": {"config": {"steps": {"langid": {"threshold": 1.5}}}}}, "/dataprep/config/steps/langid/threshold"),
     ({"training": {"config": {"optim": {"schedule": "linear"}}}}, "/training/config/optim/schedule"),
     ({"training": {"config": {"data": {"sources": []}}}}, "/training/config/data/sources"),
     ({"training": {"uploader": {"config": {"transfer": {"concurrency": 0}}}}},

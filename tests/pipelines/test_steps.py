@@ -16,10 +16,10 @@ from lmforge_pipelines import steps
 def test_flatten_nested_and_dotted_keys_with_kfp_struct_numbers():
     # KFP hands dict parameters over as protobuf Structs: every number is a double.
     config = {"tokenizer": {"vocab_size": 512.0}, "shards.val_fraction": 0.1, "model": {"overrides": {}},
-              "optim": {"betas": [0.9, 0.95]}, "langid": {"enabled": False}, "tracking": {"run_name": "a b"}}
+              "optim": {"betas": [0.9, 0.95]}, "steps": {"langid": {"enabled": False}}, "tracking": {"run_name": "a b"}}
     pairs = steps.flatten(config)
     assert pairs == ["tokenizer.vocab_size=512", "shards.val_fraction=0.1", "model.overrides={}",
-                     "optim.betas=[0.9, 0.95]", "langid.enabled=false", 'tracking.run_name="a b"']
+                     "optim.betas=[0.9, 0.95]", "steps.langid.enabled=false", 'tracking.run_name="a b"']
     assert cli_overrides(pairs)["tokenizer"]["vocab_size"] == 512
 
 
@@ -35,7 +35,7 @@ def test_dataprep_overrides_load_as_the_services_config():
     args = steps.dataprep_overrides("en,de", {"tokenizer": {"vocab_size": 4096.0}})
     assert args[0::2] == ["--set"] * (len(args) // 2)
     config = load_dataprep_config(None, args[1::2])
-    assert config.langid.languages == ["en", "de"] and config.tokenizer.vocab_size == 4096
+    assert config.steps.langid.languages == ["en", "de"] and config.tokenizer.vocab_size == 4096
 
 
 def test_trainer_overrides_load_as_the_trainers_config():

@@ -201,7 +201,7 @@ def plan_workers(workers: int) -> list[int]:
 def dataprep_overrides(languages: str, dataprep_config: Mapping[str, Any] | None) -> list[str]:
     """The --set overrides every data-prep step of a run passes: they must be identical, since
     the workers record the config and check it against each other."""
-    pairs = [f"langid.languages={json.dumps(parse_languages(languages))}", *flatten(dataprep_config)]
+    pairs = [f"steps.langid.languages={json.dumps(parse_languages(languages))}", *flatten(dataprep_config)]
     return [arg for pair in pairs for arg in ("--set", pair)]
 
 

@@ -41,14 +41,14 @@ class Service:
     env_prefix: str
     model: str  # "module:Class"
     usage: str  # how to set a field, Markdown; {example} is replaced by the example override
-    example: str  # an override such as "langid.threshold=0.5", also shown as an environment variable
+    example: str  # an override such as "steps.langid.threshold=0.5", also shown as an environment variable
 
 
 SERVICES = [
     Service("Data prep", ("lmforge-dataprep",), "LMFORGE_DATAPREP", "lmforge.dataprep.config:DataprepConfig",
             "`lmforge-dataprep run|dedup|cluster|tokenizer|tokenize|shards|report|finalize` take `--config FILE` "
             "and `--set {example}` (repeatable). Helm: `dataprep.config`; data pipeline: `dataprep_config`.",
-            "langid.threshold=0.5"),
+            "steps.langid.threshold=0.5"),
     Service("Trainer", ("lmforge-train", "python -m lmforge.trainer"), "LMFORGE_TRAINER",
             "lmforge.trainer.config:TrainConfig",
             "`lmforge-train run [--nproc N] [--config FILE] {example} …` or `torchrun … -m lmforge.trainer "

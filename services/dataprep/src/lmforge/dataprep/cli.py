@@ -150,7 +150,7 @@ def cmd_fetch(args, _config: None) -> int:
 
 def build_cli() -> ServiceCli:
     cli = ServiceCli("lmforge-dataprep", service="dataprep", description=__doc__, load_config=load_dataprep_config,
-                     set_help="override a config field, e.g. --set langid.threshold=0.5",
+                     set_help="override a config field, e.g. --set steps.langid.threshold=0.5",
                      interrupted="interrupted; rerun the same command to resume")
     run = cli.command("run", cmd_run, config="load",
                       help="the whole pipeline locally, or one Indexed-Job worker's per-input stage")

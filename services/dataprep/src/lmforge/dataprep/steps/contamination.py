@@ -20,15 +20,34 @@ import json
 import re
 from dataclasses import dataclass
 from itertools import filterfalse
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from lmforge.common.errors import InputError
 from lmforge.common.storage import open_input
-from lmforge.dataprep.config import ContaminationConfig
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_registry import StepSettings
+
+
+class ContaminationConfig(StepSettings):
+    eval_sets: list[str] = Field(default_factory=list, description="JSONL files with a 'text' field per line")
+    ngram: int = Field(13, ge=1)
+    text_field: str = "text"
+    min_eval_words: int = Field(
+        8, ge=1, description="eval texts with fewer words are ignored: a one-word answer would match everything"
+    )
+
+    @field_validator("eval_sets")
+    @classmethod
+    def _eval_sets_exist(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if "://" not in path and not Path(path).exists():
+                raise ValueError(f"eval set not found: {path}")
+        return value
+
 
 _NOT_WORD_OR_SPACE = re.compile(r"[^\w\s]+")
 # the ASCII characters that regex deletes, for the bytes.translate fast path of ASCII text
@@ -107,10 +126,11 @@ class ContaminationFilter(BaseFilter):
     """Drops (`contaminated`) every document sharing a word n-gram with any eval set, and
     counts the documents each set caught in `stats.counters["eval:<file stem>"]`."""
 
-    name = "contamination"
+    type_name = "contamination"
+    Settings = ContaminationConfig
 
-    def __init__(self, config: ContaminationConfig | None = None) -> None:
-        super().__init__()
+    def __init__(self, config: ContaminationConfig | None = None, name: str | None = None) -> None:
+        super().__init__(name)
         self.config = config or ContaminationConfig()
         self._hasher = NgramHasher()
         self.eval_sets: list[EvalSet] = [self._load(path) for path in self.config.eval_sets]

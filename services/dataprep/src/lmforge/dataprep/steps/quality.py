@@ -15,10 +15,47 @@ from collections import Counter
 from itertools import compress, islice
 from operator import ne
 
+from pydantic import Field, model_validator
+
 from lmforge.common.errors import ConfigError
-from lmforge.dataprep.config import GopherQualityConfig, GopherRepetitionConfig
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_registry import StepSettings
+
+
+class GopherQualityConfig(StepSettings):
+    min_doc_words: int = Field(50, ge=0)
+    max_doc_words: int = Field(100_000, ge=1)
+    min_avg_word_length: float = Field(3.0, ge=0)
+    max_avg_word_length: float = Field(10.0, ge=0)
+    max_symbol_word_ratio: float = Field(0.1, ge=0, description="'#' and ellipses per word")
+    max_bullet_lines_ratio: float = Field(0.9, ge=0, le=1)
+    max_ellipsis_lines_ratio: float = Field(0.3, ge=0, le=1)
+    min_alpha_words_ratio: float = Field(0.8, ge=0, le=1, description="share of words with an alphabetic character")
+    min_stop_words: int = Field(2, ge=0)
+    stop_words: list[str] = Field(default_factory=lambda: ["the", "be", "to", "of", "and", "that", "have", "with"])
+
+    @model_validator(mode="after")
+    def _ranges(self) -> GopherQualityConfig:
+        if self.min_doc_words > self.max_doc_words:
+            raise ValueError("min_doc_words must not exceed max_doc_words")
+        if self.min_avg_word_length > self.max_avg_word_length:
+            raise ValueError("min_avg_word_length must not exceed max_avg_word_length")
+        return self
+
+
+class GopherRepetitionConfig(StepSettings):
+    max_dup_line_ratio: float = Field(0.30, ge=0, le=1)
+    max_dup_para_ratio: float = Field(0.30, ge=0, le=1)
+    max_dup_line_char_ratio: float = Field(0.20, ge=0, le=1)
+    max_dup_para_char_ratio: float = Field(0.20, ge=0, le=1)
+    # n -> max share of characters covered by the most frequent n-gram
+    top_ngram_max_char_ratio: dict[int, float] = Field(default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16})
+    # n -> max share of characters covered by duplicated n-grams
+    dup_ngram_max_char_ratio: dict[int, float] = Field(
+        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+    )
+
 
 # a whitespace-delimited token without a letter ("2024", "-", "|", "$5"), in text padded with spaces
 _NON_ALPHA_TOKEN = re.compile(r"\s((?:[^\w\s]|[\d_])+)(?=\s)")
@@ -50,10 +87,11 @@ class GopherQualityFilter(BaseFilter):
       punctuation ignored) below min_stop_words.
     """
 
-    name = "gopher_quality"
+    type_name = "gopher_quality"
+    Settings = GopherQualityConfig
 
-    def __init__(self, config: GopherQualityConfig | None = None) -> None:
-        super().__init__()
+    def __init__(self, config: GopherQualityConfig | None = None, name: str | None = None) -> None:
+        super().__init__(name)
         self.config = config or GopherQualityConfig()
         stop_words = {word.lower() for word in self.config.stop_words}
         self._stop_words = frozenset(stop_words)
@@ -132,10 +170,11 @@ class GopherRepetitionFilter(BaseFilter):
     Where this differs from datatrove's GopherRepetitionFilter, see docs/benchmarks.md.
     """
 
-    name = "gopher_repetition"
+    type_name = "gopher_repetition"
+    Settings = GopherRepetitionConfig
 
-    def __init__(self, config: GopherRepetitionConfig | None = None) -> None:
-        super().__init__()
+    def __init__(self, config: GopherRepetitionConfig | None = None, name: str | None = None) -> None:
+        super().__init__(name)
         self.config = config or GopherRepetitionConfig()
         self._top_ngram_limits = sorted(self.config.top_ngram_max_char_ratio.items())
         self._dup_ngram_limits = sorted(self.config.dup_ngram_max_char_ratio.items())

@@ -81,7 +81,7 @@ class _Record:
 class WetReader(PipelineStep):
     """Source step: yields one Document per WET `conversion` record of one input."""
 
-    name = "read"
+    type_name = "read"
 
     def __init__(self, config: ReaderConfig | None = None):
         super().__init__()

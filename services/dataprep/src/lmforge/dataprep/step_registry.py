@@ -1,0 +1,85 @@
+"""The steps a data-prep pipeline can be composed of, and how a config names them.
+
+A step type is a class with `type_name` and a `Settings` model (a `StepSettings`); the
+config's `pipeline` lists step ids in order and `steps.<id>` holds each one's settings. A
+built-in step's id is its type; any other id names its type in `steps.<id>.type`, which may
+also be "package.module:Class" for a step that lives outside lmforge. Every step module keeps
+its heavy imports (fastText, torch, KenLM) inside the step's constructor: the config imports
+every built-in step's module to check its settings when it loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from lmforge.common.config import StrictModel
+
+
+class StepSettings(StrictModel):
+    """Settings every step has; a step type's `Settings` adds its own fields."""
+
+    enabled: bool = Field(True, description="false leaves the step out of the pipeline")
+    type: str | None = Field(
+        None, description="the step type of an id that is not a built-in step's (a built-in name or module:Class)")
+
+
+# type name -> "module:Class". The order is the order of the configuration reference.
+BUILTIN_STEPS: dict[str, str] = {
+    "url_dedup": "lmforge.dataprep.steps.dedup:UrlDedupFilter",
+    "exact_dedup": "lmforge.dataprep.steps.dedup:ExactDedupFilter",
+    "langid": "lmforge.dataprep.steps.langid:LanguageFilter",
+    "gopher_repetition": "lmforge.dataprep.steps.quality:GopherRepetitionFilter",
+    "gopher_quality": "lmforge.dataprep.steps.quality:GopherQualityFilter",
+    "pii": "lmforge.dataprep.steps.pii:PIIScrubber",
+    "contamination": "lmforge.dataprep.steps.contamination:ContaminationFilter",
+}
+
+DEFAULT_PIPELINE: tuple[str, ...] = (
+    "url_dedup", "exact_dedup", "langid", "gopher_repetition", "gopher_quality", "pii", "contamination")
+
+
+@cache
+def step_class(type_name: str) -> type:
+    """The class of a built-in step type or of a "module:Class" path."""
+    spec = BUILTIN_STEPS.get(type_name, type_name)
+    module_name, sep, class_name = spec.partition(":")
+    if not sep:
+        raise ValueError(f"unknown step type {type_name!r}; built-in types: {', '.join(BUILTIN_STEPS)} "
+                          f"(or module:Class)")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"step type {type_name!r} cannot be imported: {exc}") from None
+    if not isinstance(getattr(cls, "Settings", None), type) or not issubclass(cls.Settings, StepSettings):
+        raise ValueError(f"step type {type_name!r}: {spec} has no Settings (a StepSettings subclass)")
+    return cls
+
+
+def settings_for(step_id: str, raw: Any) -> StepSettings:
+    """Validate one step's settings (a mapping, or a model already); a ValueError names the step
+    (pydantic reports it at `steps` and load_config turns it into a ConfigError)."""
+    if isinstance(raw, StepSettings):
+        raw = raw.model_dump(exclude_unset=True)
+    raw = dict(raw or {})
+    type_name = raw.get("type") or step_id
+    if step_id in BUILTIN_STEPS and type_name != step_id:
+        raise ValueError(f"steps.{step_id}: a built-in step's type cannot be changed (got type {type_name!r}); "
+                          f"give the step another id")
+    if step_id not in BUILTIN_STEPS and not raw.get("type"):
+        raise ValueError(f"pipeline step {step_id!r} is not a built-in step; name its type in "
+                          f"steps.{step_id}.type (built-in types: {', '.join(BUILTIN_STEPS)})")
+    cls = step_class(type_name)
+    try:
+        return cls.Settings.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"steps.{step_id} ({type_name}): {problems}") from None
+
+
+def build_step(step_id: str, settings: StepSettings):
+    """An instance of the step `step_id`, named by its id (its stats, rejects and report rows)."""
+    return step_class(settings.type or step_id)(settings, step_id)
