@@ -16,6 +16,11 @@ also Float8 (torchao, tensorwise; goal >= 1.3x bf16's tokens/s, the ratio is pri
 activation checkpointing on (against the bf16 row's off). `--device cpu` runs the same suite on
 CPU (gloo; e.g. --preset llama-debug --seq-len 32 --batch 4 --gpu-steps 6 --no-compile: a check
 of the code path, not a figure); `--dry-run` lists the runs' commands without running them.
+`--runs` picks the kinds of row (plain bf16, fp32, float8, ac), so that a short GPU lease can run the
+most important rows first and the rest later (bench/gpu/device_run.sh); `--baseline` then gives the
+earlier result whose plain bf16 row the Float8 and checkpointing rows are set against. The JSON is
+rewritten after every row, and a row that fails or outlasts --row-timeout is recorded with its
+error and the suite goes on.
 
 Results: bench/out/train-throughput-<suite>.json and a Markdown table.
 """
@@ -139,9 +144,19 @@ def gpu_command(data: Path, run_dir: Path, args, *, preset: str, run: GpuRun) ->
 
 def gpu_run(data: Path, run_dir: Path, args, *, preset: str, run: GpuRun) -> dict:
     command = gpu_command(data, run_dir, args, preset=preset, run=run)
-    result = subprocess.run(command, capture_output=True, text=True, env=os.environ)
-    if result.returncode:
-        raise SystemExit(f"gpu run failed:\n{result.stderr[-3000:]}")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        _, stderr = process.communicate(timeout=args.row_timeout)
+    except subprocess.TimeoutExpired:
+        process.terminate()  # torchrun passes SIGTERM on to its workers
+        try:
+            _, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate()
+        raise RuntimeError(f"gpu run exceeded --row-timeout {args.row_timeout}s:\n{stderr[-3000:]}") from None
+    if process.returncode:
+        raise RuntimeError(f"gpu run failed:\n{stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"][args.gpu_steps // 3 :]  # past compile and warm-up
     return {"nproc": run.nproc, "bf16": run.bf16, "per_rank_batch": run.batch, "float8": run.float8,
@@ -170,19 +185,28 @@ def planner_prediction(preset: str, args, device_name: str) -> dict | None:
     return {"gpu": gpu, "mfu": step["mfu"], "mfu_range": step["mfu_range"], "step_seconds": step["step_seconds"]}
 
 
+RUN_KINDS = ("plain", "fp32", "float8", "ac")
+
+
 def gpu_runs(args, gpus: int) -> list[tuple[str, GpuRun]]:
-    """Per preset: bf16 on 1 GPU; for the first preset also fp32, and N GPUs for the same global batch
-    when there are several; for the float8 preset also Float8 (tensorwise) and activation checkpointing."""
+    """Per preset: bf16 on 1 GPU (plain); for the first preset also fp32, and N GPUs for the same global
+    batch when there are several (plain); for the float8 preset also Float8 (tensorwise) and activation
+    checkpointing. Only the kinds in --runs."""
+    kinds = set(args.runs.split(","))
     runs = []
     for index, preset in enumerate(args.preset.split(",")):
-        runs.append((preset, GpuRun(1, True, args.batch)))
+        if "plain" in kinds:
+            runs.append((preset, GpuRun(1, True, args.batch)))
         if index == 0:
-            runs.append((preset, GpuRun(1, False, args.batch)))
-            if gpus > 1 and args.batch % gpus == 0:
+            if "fp32" in kinds:
+                runs.append((preset, GpuRun(1, False, args.batch)))
+            if "plain" in kinds and gpus > 1 and args.batch % gpus == 0:
                 runs.append((preset, GpuRun(gpus, True, args.batch // gpus)))
         if preset == args.float8_preset:
-            runs.append((preset, GpuRun(1, True, args.batch, float8="tensorwise")))
-            runs.append((preset, GpuRun(1, True, args.batch, activation_checkpointing=True)))
+            if "float8" in kinds:
+                runs.append((preset, GpuRun(1, True, args.batch, float8="tensorwise")))
+            if "ac" in kinds:
+                runs.append((preset, GpuRun(1, True, args.batch, activation_checkpointing=True)))
     return runs
 
 
@@ -190,7 +214,7 @@ def run_name(preset: str, run: GpuRun) -> str:
     return f"{preset}-{run.nproc}-{run.bf16}-{run.float8 or 'bf16'}-{'ac' if run.activation_checkpointing else 'noac'}"
 
 
-def gpu_suite(args) -> dict:
+def gpu_suite(args, save=lambda result: None) -> dict:
     """Each of gpu_runs' runs, the 1-GPU bf16 ones beside the planner's prediction; then Float8's and
     activation checkpointing's tokens/s against the same preset's plain bf16 row."""
     import torch
@@ -202,7 +226,15 @@ def gpu_suite(args) -> dict:
     if not gpus:
         raise SystemExit("--suite gpu needs a CUDA device (or --device cpu for a check of the code path)")
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.machine()})"
+    baseline = json.loads(Path(args.baseline).read_text())["rows"] if args.baseline else []
     rows, datasets = [], {}
+
+    def result() -> dict:
+        return {"suite": "gpu", "device": device_name, "gpus": gpus, "presets": args.preset, "runs": args.runs,
+                "seq_len": args.seq_len, "global_batch": args.batch, "compile": args.compile,
+                "gpu_steps": args.gpu_steps, "rows": rows,
+                "against_bf16": against_bf16([*rows, *baseline], args.float8_preset)}
+
     with tempfile.TemporaryDirectory() as tmp:
         for preset, run in gpu_runs(args, gpus):
             vocab = GPTConfig.preset(preset).vocab_size  # the data's tokens must fit the model's vocabulary
@@ -210,22 +242,28 @@ def gpu_suite(args) -> dict:
                 datasets[vocab] = synthetic_output(Path(tmp) / f"data-{vocab}", vocab_size=vocab,
                                                    train_tokens=20_000_000)
             data = datasets[vocab]
-            row = gpu_run(data, Path(tmp) / run_name(preset, run), args, preset=preset, run=run)
+            try:
+                row = gpu_run(data, Path(tmp) / run_name(preset, run), args, preset=preset, run=run)
+            except RuntimeError as error:  # recorded; the other rows still run
+                row = {"nproc": run.nproc, "bf16": run.bf16, "per_rank_batch": run.batch, "float8": run.float8,
+                       "activation_checkpointing": run.activation_checkpointing, "error": str(error)}
+                print(str(error), file=sys.stderr, flush=True)
             row["preset"] = preset
-            if run == GpuRun(1, True, args.batch):
+            if run == GpuRun(1, True, args.batch) and "error" not in row:
                 row["planner"] = planner_prediction(preset, args, device_name)
             rows.append(row)
-            print(json.dumps(rows[-1]), flush=True)
-    return {"suite": "gpu", "device": device_name, "gpus": gpus, "presets": args.preset,
-            "seq_len": args.seq_len, "global_batch": args.batch, "compile": args.compile, "rows": rows,
-            "against_bf16": against_bf16(rows, args.float8_preset)}
+            print(json.dumps(rows[-1])[:2000], flush=True)
+            save(result())
+    return result()
 
 
 def against_bf16(rows: list[dict], preset: str) -> dict:
     """tokens/s and peak memory of the float8 preset's Float8 and activation-checkpointing rows over its
     plain bf16 row (absent when the suite did not run that preset)."""
-    by = {(r["float8"], r["activation_checkpointing"]): r for r in rows
-          if r["preset"] == preset and r["nproc"] == 1 and r["bf16"]}
+    by = {}
+    for r in rows:  # the first such row wins: this run's before --baseline's
+        if r["preset"] == preset and r["nproc"] == 1 and r["bf16"] and "error" not in r:
+            by.setdefault((r["float8"], r["activation_checkpointing"]), r)
     base = by.get((None, False))
     if base is None:
         return {}
@@ -255,6 +293,12 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="gpu suite: cpu checks the code "
                         "path on a machine without a GPU (no figure)")
     parser.add_argument("--dry-run", action="store_true", help="gpu: list the runs' commands, run nothing")
+    parser.add_argument("--runs", default=",".join(RUN_KINDS), help="gpu: the kinds of row, a comma list of "
+                        f"{', '.join(RUN_KINDS)} (default all)")
+    parser.add_argument("--baseline", help="gpu: an earlier train-throughput JSON whose plain bf16 row of the "
+                        "float8 preset the Float8 and checkpointing rows are compared with, if this run has none")
+    parser.add_argument("--row-timeout", type=float, default=None, help="gpu: seconds one row may run")
+    parser.add_argument("--tag", default="", help="suffix of the result file: train-throughput-gpu-TAG.json")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"))
     args = parser.parse_args()
     gpu = args.suite == "gpu"
@@ -266,16 +310,28 @@ def main() -> None:
             out = Path("DATA") / run_name(preset, run)
             print(" ".join(gpu_command(Path("DATA"), out, args, preset=preset, run=run)[1:]))
         return
-    result = gpu_suite(args) if gpu else overhead_suite(args)
-    result["machine"] = f"{platform.machine()} {os.cpu_count()} CPUs"
+    if unknown := set(args.runs.split(",")) - set(RUN_KINDS):
+        parser.error(f"--runs: unknown {sorted(unknown)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"train-throughput-{args.suite}.json").write_text(json.dumps(result, indent=1))
+    path = out / f"train-throughput-{args.suite}{'-' + args.tag if args.tag else ''}.json"
+
+    def save(result: dict) -> None:
+        result["machine"] = f"{platform.machine()} {os.cpu_count()} CPUs"
+        path.write_text(json.dumps(result, indent=1))
+
+    result = gpu_suite(args, save) if gpu else overhead_suite(args)
+    save(result)
     if gpu:
         print(f"Device: {result['device']}\n\n"
               "| preset | GPUs | bf16 | float8 | act. ckpt | per-rank batch | tokens/s | MFU | planner MFU | step s "
               "| peak GiB |\n|---|---|---|---|---|---|---|---|---|---|---|")
         for r in result["rows"]:
+            if "error" in r:
+                print(f"| {r['preset']} | {r['nproc']} | {r['bf16']} | {r['float8'] or 'no'} | "
+                      f"{'on' if r['activation_checkpointing'] else 'off'} | {r['per_rank_batch']} | "
+                      "failed (see the JSON's error) | | | | |")
+                continue
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
             plan = r.get("planner") or {}
             predicted = (f"{plan['mfu']:.0%} ({plan['mfu_range'][0]:.0%}–{plan['mfu_range'][1]:.0%})"

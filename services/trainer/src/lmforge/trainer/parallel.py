@@ -64,10 +64,11 @@ def init_distributed(device_choice: str, parallel: ParallelSection) -> Dist:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    if layout.world_size == 1 and layout.mode not in ("fsdp", "hsdp"):
+    if layout.world_size == 1 and layout.mode not in ("ddp", "fsdp", "hsdp"):
         return Dist(0, 1, 0, device, None, layout)
     if not dist.is_initialized():
-        # FSDP on one device (make bench-gpu's runs) still needs a process group: a one-rank one, in-process.
+        # FSDP or DDP on one device (make bench-gpu's runs, bench/train_memory.py --ranks 1) still needs a
+        # process group: a one-rank one, in-process.
         store = _attempt_store(rank, world_size) if world_size > 1 else dist.HashStore()
         # On GPU the timeout is also the NCCL watchdog's: a hung peer ends the job instead of stalling it.
         dist.init_process_group("nccl" if use_cuda else "gloo", store=store,

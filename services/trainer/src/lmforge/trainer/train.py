@@ -137,7 +137,7 @@ def train(config: TrainConfig) -> list[float]:
         finally:
             run.close(failed)
     finally:
-        if (ctx.world_size > 1 or ctx.mesh is not None) and dist.is_initialized():
+        if (ctx.world_size > 1 or ctx.mesh is not None or ctx.layout.mode == "ddp") and dist.is_initialized():
             dist.destroy_process_group()
 
 
