@@ -58,7 +58,7 @@ CONTAINER_RUN_FLAGS ?= $(if $(is_podman),$(PODMAN_FLAGS))
 image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" \
 	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
 
-.PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-dataprep-scaling bench-train-memory \
+.PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-quality-steps bench-dataprep-scaling bench-train-memory \
 	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-gpu clean
 .DEFAULT_GOAL := help
 
@@ -118,6 +118,9 @@ pipelines: setup ## compile the Kubeflow pipelines to build/pipelines/*.yaml
 bench-dataprep: setup ## data prep against Hugging Face datatrove on the same input (docs/benchmarks.md)
 	$(call apt_install,$(BENCH_APT_PACKAGES))
 	$(PY) bench/dataprep_bench.py
+
+bench-quality-steps: setup ## docs/s and MB/s per core of each filter step (URL, FineWeb, C4, toxicity, Gopher, ...)
+	$(PY) bench/quality_steps.py
 
 bench-dataprep-scaling: setup ## data prep at 1 and 2 workers, per-task memory and disk at 1x/2x/4x (docs/scaling.md)
 	$(call apt_install,$(BENCH_APT_PACKAGES))

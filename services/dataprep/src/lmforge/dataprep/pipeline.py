@@ -55,7 +55,8 @@ class PipelineStep(ABC):
 
 
 class BaseFilter(PipelineStep):
-    """Keeps or drops each document; `filter` says which and why."""
+    """Keeps or drops each document; `filter` says which and why (and may edit the text of a
+    document it keeps: bytes out count the edited text)."""
 
     @abstractmethod
     def filter(self, doc: Document) -> tuple[bool, str | None]: ...
@@ -63,6 +64,7 @@ class BaseFilter(PipelineStep):
     def run(self, docs: Iterable[Document], rank: int = 0, world_size: int = 1) -> Iterator[Document]:
         stats = self.stats
         for doc in docs:
+            text = doc.text
             nbytes = doc.nbytes
             stats.docs_in += 1
             stats.bytes_in += nbytes
@@ -71,7 +73,7 @@ class BaseFilter(PipelineStep):
             stats.seconds += time.perf_counter() - start
             if keep:
                 stats.docs_out += 1
-                stats.bytes_out += nbytes
+                stats.bytes_out += nbytes if doc.text is text else doc.nbytes  # a filter may edit the text (c4_quality)
                 stats.add_example("kept", doc)
                 yield doc
             else:

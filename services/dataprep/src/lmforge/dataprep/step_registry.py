@@ -36,6 +36,10 @@ BUILTIN_STEPS: dict[str, str] = {
     "gopher_quality": "lmforge.dataprep.steps.quality:GopherQualityFilter",
     "pii": "lmforge.dataprep.steps.pii:PIIScrubber",
     "contamination": "lmforge.dataprep.steps.contamination:ContaminationFilter",
+    "url_filter": "lmforge.dataprep.steps.url_filter:UrlFilter",
+    "fineweb_quality": "lmforge.dataprep.steps.fineweb:FineWebQualityFilter",
+    "c4_quality": "lmforge.dataprep.steps.c4:C4QualityFilter",
+    "toxicity_words": "lmforge.dataprep.steps.toxicity:ToxicityWordsFilter",
 }
 
 DEFAULT_PIPELINE: tuple[str, ...] = (
