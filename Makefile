@@ -58,7 +58,8 @@ CONTAINER_RUN_FLAGS ?= $(if $(is_podman),$(PODMAN_FLAGS))
 image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" \
 	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
 
-.PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-quality-steps bench-dataprep-scaling bench-train-memory \
+.PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-quality-steps \
+	bench-dataprep-scaling bench-html-extraction bench-train-memory \
 	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-gpu clean
 .DEFAULT_GOAL := help
 
@@ -126,6 +127,9 @@ bench-dataprep-scaling: setup ## data prep at 1 and 2 workers, per-task memory a
 	$(call apt_install,$(BENCH_APT_PACKAGES))
 	$(PY) bench/dataprep_scaling.py
 	$(PY) bench/scale_model.py --write docs/scaling.md
+
+bench-html-extraction: setup ## WARC HTML main-text extraction: token precision/recall/F1 and pages/s per core of each extractor
+	$(PY) bench/html_extraction.py
 
 bench-train-memory: setup ## per-rank training memory, DDP against FSDP2
 	$(PY) bench/train_memory.py

@@ -19,6 +19,8 @@ from lmforge.common.logging import JsonLineFormatter
 from lmforge.dataprep import fetch
 from lmforge.dataprep.fetch import fetch_crawl
 from lmforge.sample_data.wet import write_sample_wet
+from tests.dataprep.helpers import run_cli
+from tests.dataprep.wet_records import gz_member, wet_record
 
 CRAWL = "CC-MAIN-2024-22"
 SEGMENT = f"crawl-data/{CRAWL}/segments/1715971057216.39/wet"
@@ -380,3 +382,29 @@ def test_fetch_from_s3(commoncrawl_bucket, crawl_files, tmp_path):
 def test_missing_s3_object_is_an_input_error_naming_it(commoncrawl_bucket, tmp_path):
     with pytest.raises(InputError, match=re.escape(f"s3://commoncrawl/{MISSING}")):
         fetch_crawl(CRAWL, 3, tmp_path, base_url="s3://commoncrawl", log=RecordingLog())
+
+
+def test_kind_warc_fetches_the_warc_listing_and_files_through_the_cli(tmp_path):
+    """`lmforge-dataprep fetch --kind warc`: warc.paths.gz, then the first WARC files."""
+    warc_paths = [f"crawl-data/{CRAWL}/segments/1715971057216.39/warc/"
+                  f"CC-MAIN-20240517233122-20240518023122-0000{i}.warc.gz" for i in range(2)]
+    files = {f"crawl-data/{CRAWL}/warc.paths.gz": gzip.compress("".join(p + "\n" for p in warc_paths).encode())}
+    for i, rel in enumerate(warc_paths):
+        files[rel] = gz_member(wet_record(f"https://w.example/{i}", b"HTTP/1.1 200 OK\r\n\r\n<p>hi</p>",
+                                          rec_type="response"))
+    srv = CrawlServer(files)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        assert run_cli("fetch", "--crawl", CRAWL, "--shards", 1, "--output", tmp_path, "--base-url", srv.base_url,
+                       "--kind", "warc") == 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join()
+    assert (tmp_path / "warc.paths.gz").read_bytes() == files[f"crawl-data/{CRAWL}/warc.paths.gz"]
+    assert (tmp_path / Path(warc_paths[0]).name).read_bytes() == files[warc_paths[0]]
+    assert not (tmp_path / Path(warc_paths[1]).name).exists() and not (tmp_path / "wet.paths.gz").exists()
+    assert [path for path, _ in srv.requests] == [f"/crawl-data/{CRAWL}/warc.paths.gz", "/" + warc_paths[0]]
+    with pytest.raises(InputError, match="kind must be one of wet, warc"):
+        fetch_crawl(CRAWL, 1, tmp_path, base_url=srv.base_url, kind="arc")

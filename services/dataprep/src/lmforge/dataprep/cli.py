@@ -143,7 +143,7 @@ def cmd_fetch(args, _config: None) -> int:
 
     from lmforge.dataprep.fetch import fetch_crawl
 
-    paths = fetch_crawl(args.crawl, args.shards, Path(args.output), base_url=args.base_url, log=log)
+    paths = fetch_crawl(args.crawl, args.shards, Path(args.output), base_url=args.base_url, log=log, kind=args.kind)
     log.info("fetch_complete", files=[str(p) for p in paths])
     return 0
 
@@ -155,7 +155,7 @@ def build_cli() -> ServiceCli:
     run = cli.command("run", cmd_run, config="load",
                       help="the whole pipeline locally, or one Indexed-Job worker's per-input stage")
     run.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                     help="WET files: local paths/globs, https:// URLs, s3:// URIs (globs allowed)")
+                     help="WET or WARC files: local paths/globs, https:// URLs, s3:// URIs (globs allowed)")
     run.add_argument("--output", required=True, help=OUTPUT_HELP)
     _add_sharding(run, "the per-input stage")
 
@@ -187,9 +187,11 @@ def build_cli() -> ServiceCli:
     sample.add_argument("--chars", type=int, default=300, help="characters of text shown per document")
 
     fetch = cli.command("fetch", cmd_fetch,
-                        help="download a crawl's wet.paths.gz and its first N WET files, resumably")
+                        help="download a crawl's wet.paths.gz (or warc.paths.gz) and its first N files, resumably")
     fetch.add_argument("--crawl", required=True, help="crawl id, e.g. CC-MAIN-2024-22")
     fetch.add_argument("--shards", type=int, required=True)
+    fetch.add_argument("--kind", choices=["wet", "warc"], default="wet",
+                       help="WET (extracted text) or WARC (HTML responses; `run` extracts their main text)")
     fetch.add_argument("--output", required=True)
     fetch.add_argument("--base-url", default="https://data.commoncrawl.org",
                        help="https:// mirror or s3://commoncrawl")

@@ -1,9 +1,10 @@
-"""Download the first N WET files of a Common Crawl crawl, resumably.
+"""Download the first N WET (or WARC) files of a Common Crawl crawl, resumably.
 
     paths = fetch_crawl("CC-MAIN-2024-22", shards=2, output=Path("data/wet"))
+    paths = fetch_crawl("CC-MAIN-2024-22", shards=1, output=Path("data/warc"), kind="warc")
 
-The crawl's listing `crawl-data/<crawl>/wet.paths.gz` is saved as `<output>/wet.paths.gz`,
-then its first N WET files as `<output>/<basename>`. From https:// (the default,
+The crawl's listing `crawl-data/<crawl>/<kind>.paths.gz` (wet.paths.gz, warc.paths.gz) is saved
+as `<output>/<kind>.paths.gz`, then its first N files as `<output>/<basename>`. From https:// (the default,
 data.commoncrawl.org) a transfer cut short stays in `<name>.part` and the next attempt,
 or the next run, continues it with an HTTP Range request. A file only gets its final
 name once its gzip stream reads through to the end (and its size matches Content-Length),
@@ -32,7 +33,7 @@ from lmforge.common.s3 import S3Bucket, error_code
 from lmforge.common.storage import HTTP_TIMEOUT_S, S3Location
 
 DEFAULT_BASE_URL = "https://data.commoncrawl.org"
-LISTING_NAME = "wet.paths.gz"
+KINDS = ("wet", "warc")  # Common Crawl's listings <kind>.paths.gz; WARC files hold the HTML responses
 CRAWL_ID = re.compile(r"CC-MAIN-\d{4}-\d{2}")
 USER_AGENT = "lmforge-dataprep/0.1 (fetch)"
 CHUNK_BYTES = 1 << 20
@@ -63,26 +64,29 @@ def fetch_crawl(
     *,
     base_url: str = DEFAULT_BASE_URL,
     log: StructLogger | None = None,
+    kind: str = "wet",
 ) -> list[Path]:
-    """Download the first `shards` WET files of `crawl` into `output`; return their local paths."""
+    """Download the first `shards` files of `kind` (wet, warc) of `crawl` into `output`; return their local paths."""
     if not CRAWL_ID.fullmatch(crawl or ""):
         raise InputError(f"crawl id must look like CC-MAIN-YYYY-WW (e.g. CC-MAIN-2024-22), got {crawl!r}")
     if shards < 1:
         raise InputError(f"shards must be at least 1, got {shards}")
+    if kind not in KINDS:
+        raise InputError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     log = log or get_logger("dataprep")
     source = _source_for(base_url)
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
 
-    listing = output / LISTING_NAME
+    listing = output / f"{kind}.paths.gz"
     if listing.exists() and not _listing_is_for(listing, crawl):
         log.info("fetch_listing_replaced", file=str(listing), crawl=crawl)
         listing.unlink()
-    _fetch_file(source, f"crawl-data/{crawl}/wet.paths.gz", listing, log)
-    wet_paths = _first_paths(listing, shards, crawl)
+    _fetch_file(source, f"crawl-data/{crawl}/{kind}.paths.gz", listing, log)
+    paths = _first_paths(listing, shards, crawl, kind)
 
     targets = []
-    for rel in wet_paths:
+    for rel in paths:
         target = output / PurePosixPath(rel).name
         _fetch_file(source, rel, target, log)
         targets.append(target)
@@ -105,10 +109,10 @@ def _listing_is_for(listing: Path, crawl: str) -> bool:
     return bool(paths) and paths[0].startswith(f"crawl-data/{crawl}/")
 
 
-def _first_paths(listing: Path, shards: int, crawl: str) -> list[str]:
+def _first_paths(listing: Path, shards: int, crawl: str, kind: str = "wet") -> list[str]:
     paths = _read_listing(listing)
     if len(paths) < shards:
-        raise InputError(f"{crawl} lists {len(paths)} WET files, fewer than the {shards} asked for")
+        raise InputError(f"{crawl} lists {len(paths)} {kind.upper()} files, fewer than the {shards} asked for")
     for rel in paths[:shards]:
         if not rel.startswith("crawl-data/") or ".." in PurePosixPath(rel).parts:
             raise InputError(f"unexpected path in the {crawl} listing: {rel!r}")

@@ -1,11 +1,22 @@
-"""Read WET records with warcio, surviving bad input.
+"""Read WET `conversion` records and WARC `response` records (HTML) with warcio, surviving bad input.
 
-Every record is accounted for in the `read` step's stats: `docs_in` counts every conversion
+A WET record's text is the document. A WARC response is a document when it is an HTTP 2xx
+answer with HTML (Content-Type, else WARC-Identified-Payload-Type, else sniffed): its payload
+is decoded with the declared or detected charset and its main text extracted
+(lmforge.dataprep.html_text; `ReaderConfig.extractor`). `ReaderConfig.format` picks which
+record types are documents (auto: both, so one reader takes WET and WARC inputs alike).
+
+Every record is accounted for in the `read` step's stats: `docs_in` counts every document
 record met (kept: `docs_out`; rejected: `dropped` by reason, also those dropped while the
 reader resynchronises), and the counters add `records_read` (WARC records of any type),
-`records_not_conversion` (warcinfo and the like: skipped, not documents), `input_files`,
+`records_not_conversion` (warcinfo, request, metadata and the like: skipped, not documents;
+also per type as `skipped:<type>`), `skipped:non_html` / `skipped:http_status` /
+`skipped:response_not_http` (responses that are not pages), `input_files`,
 `unreadable_inputs` (could not be opened) and `unparseable_inputs` (opened, but not one WARC
-record in them).
+record in them). An HTML page that yields no text is dropped with its reason, also counted as
+`html:<reason>`: `html_too_large` (over max_html_bytes), `bad_content_encoding`,
+`undecodable_html`, `extractor_error`; `charset_from:<http|meta|bom|detected|default>`
+counts where each page's charset came from.
 
 Bad input is counted per kind in the `read` step's counters (`bad_input:<kind>`) and the
 rest of the file is still processed:
@@ -38,9 +49,15 @@ from lmforge.common.retry import RetryPolicy
 from lmforge.common.storage import open_input
 from lmforge.dataprep.config import ReaderConfig
 from lmforge.dataprep.document import Document, make_doc_id
+from lmforge.dataprep.html_text import decode_html, make_extractor
 from lmforge.dataprep.pipeline import PipelineStep
+from lmforge.dataprep.warc_http import HttpResponse, PayloadTooLarge, decoded_payload, is_html, parse_http_response
 
 BAD_INPUT_PREFIX = "bad_input:"  # counters of the read step: bad_input:<kind>
+SKIPPED_PREFIX = "skipped:"  # records that are not documents: skipped:<record type or reason>
+# The records read as documents, per ReaderConfig.format: WET holds `conversion` records (text),
+# WARC `response` records (HTTP + HTML); `auto` reads whichever the input holds.
+DOCUMENT_RECORD_TYPES = {"wet": {"conversion"}, "warc": {"response"}, "auto": {"conversion", "response"}}
 GZIP_MAGIC = b"\x1f\x8b\x08"
 WARC_LINE = b"WARC/1."
 SCAN_CHUNK = 1 << 20
@@ -75,6 +92,7 @@ class _Record:
     body: bytes
     content_length: int
     headers: dict[str, str]
+    rec_type: str = "conversion"
     followed: bool = False  # another record was parsed after this one
 
 
@@ -86,6 +104,8 @@ class WetReader(PipelineStep):
     def __init__(self, config: ReaderConfig | None = None):
         super().__init__()
         self.config = config or ReaderConfig()
+        self._document_types = DOCUMENT_RECORD_TYPES[self.config.format]
+        self._extractor = None  # built at the first HTML page: WET input never imports an extractor
 
     def run(self, docs=None, rank: int = 0, world_size: int = 1) -> Iterator[Document]:
         raise TypeError("WetReader is a source: use read(uri, input_index)")
@@ -106,6 +126,13 @@ class WetReader(PipelineStep):
         try:
             for record in self._records(fh, gz, input_index):
                 body_len = len(record.body)
+                http = None
+                if record.rec_type == "response":
+                    http = parse_http_response(record.body)
+                    skip = self._response_skip(record, http)
+                    if skip:
+                        stats.counters[SKIPPED_PREFIX + skip] += 1
+                        continue
                 stats.docs_in += 1
                 stats.bytes_in += body_len
                 doc = Document(make_doc_id(input_index, record.index), record.url, "", {})
@@ -115,12 +142,18 @@ class WetReader(PipelineStep):
                     self.count_bad(kind)
                     self.drop(doc, "bad_content_length" if record.followed else "truncated")
                     continue
-                try:
-                    text = record.body.decode("utf-8")
-                except UnicodeDecodeError:
-                    self.count_bad("non_utf8")
-                    self.drop(doc, "non_utf8")
-                    continue
+                if http is not None:
+                    text, reason = self._html_text(http, doc)
+                    if reason:
+                        self.drop(doc, reason)
+                        continue
+                else:
+                    try:
+                        text = record.body.decode("utf-8")
+                    except UnicodeDecodeError:
+                        self.count_bad("non_utf8")
+                        self.drop(doc, "non_utf8")
+                        continue
                 text = text.strip()
                 if len(text) < self.config.min_text_chars:
                     self.drop(doc, "empty_text")
@@ -128,6 +161,8 @@ class WetReader(PipelineStep):
                 doc.text = text
                 doc.metadata["warc_date"] = record.headers.get("WARC-Date", "")
                 doc.metadata["warc_record_id"] = record.headers.get("WARC-Record-ID", "")
+                if record.headers.get("WARC-Truncated"):  # the crawler cut the payload (Common Crawl: at 1 MiB)
+                    doc.metadata["warc_truncated"] = record.headers["WARC-Truncated"]
                 stats.docs_out += 1
                 stats.bytes_out += doc.nbytes
                 stats.seconds += time.perf_counter() - start
@@ -137,6 +172,53 @@ class WetReader(PipelineStep):
             stats.counters["input_bytes"] += getattr(fh, "_lmforge_bytes_read", 0)
             fh.close()
             stats.seconds += time.perf_counter() - start
+
+    def _response_skip(self, record: _Record, http: HttpResponse | None) -> str | None:
+        """Why a response record is not a document (None: it is an HTML page)."""
+        if http is None:
+            return "response_not_http"
+        if not 200 <= http.status < 300:
+            return "http_status"
+        if not is_html(http, record.headers.get("WARC-Identified-Payload-Type")):
+            return "non_html"
+        return None
+
+    def _html_text(self, http: HttpResponse, doc: Document) -> tuple[str, str | None]:
+        """The page's main text, or a drop reason (counted under `html:<reason>`)."""
+        counters = self.stats.counters
+        try:
+            payload = decoded_payload(http, self.config.max_html_bytes)
+        except PayloadTooLarge:
+            reason = "html_too_large"
+        except ValueError:
+            reason = "bad_content_encoding"
+        else:
+            decoded = decode_html(payload, http.content_type)
+            if decoded is None:
+                reason = "undecodable_html"
+            else:
+                counters["charset_from:" + decoded.charset_source] += 1
+                if decoded.replaced:
+                    counters["html_chars_replaced"] += decoded.replaced
+                doc.metadata["content_type"] = http.content_type
+                doc.metadata["charset"] = decoded.charset
+                try:
+                    return self._extract(decoded.html), None
+                except Exception as exc:  # noqa: BLE001 - one page's extractor failure must not end the input
+                    counters["extractor_errors"] += 1
+                    self.last_error = f"extractor failed on {doc.url}: {exc!r}"[:500]
+                    reason = "extractor_error"
+        counters["html:" + reason] += 1
+        return "", reason
+
+    @property
+    def _extract(self):
+        if self._extractor is None:
+            config = self.config
+            self._extractor = make_extractor(config.extractor, main_content=config.main_content,
+                                             prune_boilerplate=config.prune_boilerplate,
+                                             trafilatura_mode=config.trafilatura_mode)
+        return self._extractor
 
     def _drop_record(self, input_index: int, record: _Record, reason: str) -> None:
         """Reject a record that was never yielded; it is counted in like every other."""
@@ -166,7 +248,7 @@ class WetReader(PipelineStep):
         first_attempt = True
         seekable = fh.seekable()
         while True:
-            iterator = _QuietArchiveIterator(fh)
+            iterator = _QuietArchiveIterator(fh, no_record_parse=True)
             pending: _Record | None = None
             errors_at_pending = 0
             failure: str | None = None
@@ -186,17 +268,19 @@ class WetReader(PipelineStep):
                         else:
                             yield pending
                         pending = None
-                    if record.rec_type != "conversion":
+                    if record.rec_type not in self._document_types:
                         counters["records_not_conversion"] += 1
+                        counters[SKIPPED_PREFIX + (record.rec_type or "unknown")] += 1
                         continue
                     length = _content_length(record.rec_headers.get_header("Content-Length"))
                     current = _Record(
                         index=index,
                         start=iterator.offset,
                         url=record.rec_headers.get_header("WARC-Target-URI") or "",
-                        body=record.content_stream().read(),
+                        body=record.raw_stream.read(),  # the whole block (HTTP headers too): no_record_parse
                         content_length=length or 0,
                         headers=dict(record.rec_headers.headers),
+                        rec_type=record.rec_type,
                     )
                     index += 1
                     if length is None:  # not a number: whatever warcio read as its body is a guess
