@@ -76,6 +76,25 @@ def _stages() -> list[dict]:
     return stages
 
 
+JS_URL = "javascript:alert(document.cookie)//<img src=x onerror=alert(3)>"
+STEPS = [
+    {"id": "url_dedup", "type": "url_dedup", "phase": "inputs", "docs_in": 45_000, "docs_out": 44_700,
+     "bytes_in": 123_456_789, "bytes_out": 122_000_000, "seconds": 1.5, "dropped": {"duplicate_url": 300},
+     "counters": {}, "histograms": {},
+     "examples": {"removed": [{"doc_id": 1, "url": "https://a.example/dup", "reason": "duplicate_url",
+                               "preview": "a page seen twice"}],
+                  "kept": [{"doc_id": 2, "url": "https://a.example/first", "reason": None, "preview": "first time"}]}},
+    {"id": "quality_clf", "type": "fasttext_classifier", "phase": "inputs", "docs_in": 44_700, "docs_out": 40_000,
+     "bytes_in": 122_000_000, "bytes_out": 100_000_000, "seconds": 9.0, "dropped": {"low_quality": 4_700, EVIL: 1},
+     "counters": {"label:hq": 40_000},
+     "histograms": {"hq_prob": {"edges": [i / 20 for i in range(21)], "counts": [4_700] + [0] * 18 + [40_000]},
+                    "perplexity": {"edges": [0, 100, 1000, 10_000], "counts": [5, 30_000, 14_695]}},
+     "examples": {"removed": [{"doc_id": 3, "url": JS_URL, "reason": "low_quality", "preview": f"{EVIL} spam\nmore"},
+                              {"doc_id": 4, "url": "https://b.example/x", "reason": EVIL, "preview": "</pre></div>"}],
+                  "kept": [{"doc_id": 5, "url": EVIL_URL, "reason": None, "preview": '"><script>kept()</script>'}]}},
+]
+
+
 def sample_report() -> dict:
     languages = {f"l{i:02d}": 1000 - 40 * i for i in range(20)}
     languages.update({"en": 30_000, "fr": 3_000, "de": 2_000, "<b>xx</b>": 5})
@@ -125,6 +144,7 @@ def sample_report() -> dict:
             "wall_seconds": 60.0,
             "vocab_size": 8192,
         },
+        "steps": STEPS,
         "workers": [
             {"phase": "inputs", "task": "filter", "input": "CC-MAIN-2024-10/segment-00001.warc.wet.gz",
              "seconds": 3.2, "peak_rss_bytes": 300_000_000},
@@ -271,8 +291,8 @@ def test_every_chart_section_has_an_svg(page):
 
 
 def test_sections_in_required_order(page):
-    ids = ["summary", "bad-input", "funnel", "drop-reasons", "languages", "doc-length", "throughput", "pii", "dedup",
-           "workers", "config"]
+    ids = ["summary", "bad-input", "funnel", "drop-reasons", "steps", "languages", "doc-length", "throughput", "pii",
+           "dedup", "workers", "config"]
     positions = [page.index(f'id="{section_id}"') for section_id in ids]
     assert positions == sorted(positions)
 
@@ -301,6 +321,33 @@ def test_stage_names_and_drop_reasons_appear(page):
                 assert reason in reasons
     # 2500 of the 45000 - 300 - 1000 = 43700 documents entering langid
     assert "5.7%" in reasons
+
+
+def test_every_step_has_counts_reasons_histograms_and_examples_side_by_side(page):
+    steps = section(page, "steps")
+    first, second = re.split(r'<div class="step" id="step-2">', steps)
+    assert "url_dedup" in first and "duplicate_url" in first and "<svg" not in first  # no score: no histogram
+    text = text_of(second)
+    assert "2. quality_clf (fasttext_classifier)" in text
+    assert "44,700 docs in → 40,000 out (10.5% dropped)" in text and "122.0 MB in → 100.0 MB out" in text
+    assert "low_quality 4,700" in text and "label:hq" in text
+    assert second.count("<svg") == 2 and "score: hq_prob" in text and "score: perplexity" in text
+    assert "0.95\u20131" in second and "1000\u20131e+04" in second  # one column per bin
+    removed, kept = re.findall(r'<div class="panel"><h4>(removed|kept)', second)
+    assert (removed, kept) == ("removed", "kept")
+    assert "removed (2 shown of 4,700)" in text and "kept (1 shown of 40,000)" in text
+    assert text.index(JS_URL) < text.index("kept (1 shown") < text.index(EVIL_URL)
+
+
+def test_step_examples_are_escaped(page):
+    steps = section(page, "steps")
+    checker = parse(steps)
+    assert checker.errors == [] and checker.stack == []  # "</pre></div>" in a preview closes nothing
+    assert "script" not in checker.tags and "img" not in checker.tags
+    assert not [name for _, name, _ in checker.attrs if name.startswith("on") or name in ("href", "src")]
+    text = " ".join(checker.text)
+    assert JS_URL in text and f"{EVIL} spam" in text and '"><script>kept()</script>' in text
+    assert "&lt;img src=x onerror=alert(3)&gt;" in steps
 
 
 def test_bad_input_nonzero_highlighted(page):
@@ -372,6 +419,8 @@ def test_empty_report_renders_no_data():
         {"stages": [], "workers": [], "languages": {}, "doc_length_tokens": {}},
         {"stages": [{"name": "read"}], "doc_length_tokens": {"edges": [0, 10], "counts": [0, 0]}},
         {"stages": [{"name": "read", "docs_in": 0, "docs_out": 5, "seconds": 0}], "inputs": {"bad_input": None}},
+        {"steps": [None, {"id": 3, "histograms": {"s": {"edges": [0], "counts": [1, 2]}, "t": None},
+                          "examples": {"removed": [None, {"url": None}], "kept": "x"}}]},
     ],
 )
 def test_sparse_reports_render(report):

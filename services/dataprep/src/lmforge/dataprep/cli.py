@@ -132,9 +132,11 @@ def cmd_finalize(args, config: DataprepConfig | None) -> int:
 
 
 def cmd_sample(args, _config: None) -> int:
-    from lmforge.dataprep.sampling import print_sample
+    from lmforge.dataprep.sampling import SIDES, print_sample
 
-    print_sample(args.output, args.n, args.seed, args.chars, sys.stdout)
+    sides = SIDES if args.side == "both" else (args.side,)
+    print_sample(args.output, args.n, args.seed, args.chars, sys.stdout, step=args.step, sides=sides,
+                 as_json=args.json, err=sys.stderr)
     return 0
 
 
@@ -180,11 +182,19 @@ def build_cli() -> ServiceCli:
     finalize.add_argument("--output", required=True, help=OUTPUT_HELP)
     finalize.add_argument("--workers", type=int, default=None, help="local processes")
 
-    sample = cli.command("sample", cmd_sample, help="print random kept and dropped documents with drop reasons")
+    sample = cli.command("sample", cmd_sample,
+                         help="print random kept and dropped documents (of the run or of one step) with drop reasons")
     sample.add_argument("--output", required=True, help="a data-prep output directory")
     sample.add_argument("--n", type=int, default=100)
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--chars", type=int, default=300, help="characters of text shown per document")
+    sample.add_argument("--step", default=None, metavar="ID",
+                        help="documents one step removed, and documents that passed it (default: the run's output "
+                             "and every rejected document)")
+    sample.add_argument("--side", choices=("kept", "removed", "both"), default="both",
+                        help="draw kept documents, removed ones, or half of each")
+    sample.add_argument("--json", action="store_true",
+                        help="one JSON object per line (url, step, side, reason, text, doc_id); the count to stderr")
 
     fetch = cli.command("fetch", cmd_fetch,
                         help="download a crawl's wet.paths.gz (or warc.paths.gz) and its first N files, resumably")

@@ -15,6 +15,7 @@ import json
 import os
 import re
 from collections import Counter
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -220,8 +221,7 @@ def _workers(run: Run, input_summaries: list[dict], tokenize_summaries: list[dic
     main process and phase."""
     rows = []
     for summary in input_summaries:
-        read = next((s for s in summary["steps"] if s["name"] == "read"), {"counters": {}})
-        problems = {k.removeprefix(BAD_INPUT_PREFIX): v for k, v in read.get("counters", {}).items()
+        problems = {k.removeprefix(BAD_INPUT_PREFIX): v for k, v in summary["read_counters"].items()
                     if k.startswith(BAD_INPUT_PREFIX) and v}
         rows.append({"phase": "inputs", "task": "filter", "input": display_path(summary["input"], run.store),
                      "seconds": summary["seconds"], "peak_rss_bytes": summary["peak_rss_bytes"],
@@ -263,12 +263,61 @@ def _corpus_length_histogram(store: Store, n_inputs: int) -> dict:
     return {"edges": LENGTH_EDGES, "counts": counts.astype(int).tolist()}
 
 
+def _step_lists(store: Store, paths: list[str], summaries: list[dict]) -> Iterator[list[dict]]:
+    """Each task summary's step stats, for merge_stats to fold in one at a time; `summaries` gets
+    the rest of each summary (and the reader's counters), so that a run of many inputs never
+    holds every input's examples and histograms at once."""
+    for path in paths:
+        summary = json.loads(store.read_text(path))
+        steps = summary.pop("steps", [])
+        summary["read_counters"] = next((s.get("counters", {}) for s in steps if s["name"] == "read"), {})
+        summaries.append(summary)
+        yield steps
+
+
+def _step_entry(stats: StepStats, step_type: str, phase: str) -> dict:
+    return {
+        "id": stats.name,
+        "type": step_type,
+        "phase": phase,
+        "docs_in": stats.docs_in,
+        "docs_out": stats.docs_out,
+        "docs_dropped": stats.docs_dropped,
+        "bytes_in": stats.bytes_in,
+        "bytes_out": stats.bytes_out,
+        "seconds": round(stats.seconds, 6),
+        "dropped": dict(sorted(stats.dropped.items())),
+        "counters": dict(sorted(stats.counters.items())),
+        "histograms": stats.histograms,
+        "examples": {side: [{k: example.get(k) for k in ("doc_id", "url", "reason", "preview")}
+                            for example in stats.examples.get(side, [])] for side in ("removed", "kept")},
+    }
+
+
+def _steps(run: Run, per_input: list[StepStats], by_name: dict[str, StepStats]) -> list[dict]:
+    """Every step that decides which documents go on, in pipeline order, whatever its id or type:
+    the reader, the config's pipeline steps that ran, and the global dedup across inputs."""
+    order = ["read", *run.config.pipeline]
+    shown = sorted((s for s in per_input if s.name in order), key=lambda s: order.index(s.name))
+    entries = [_step_entry(s, "reader" if s.name == "read" else _step_type(run, s.name), "inputs") for s in shown]
+    if "global_dedup" in by_name:
+        entries.append(_step_entry(by_name["global_dedup"], "global_dedup", GLOBAL_STAGE_PHASE["global_dedup"]))
+    return entries
+
+
+def _step_type(run: Run, step_id: str) -> str:
+    settings = run.config.step_settings(step_id)
+    return settings.type if settings is not None and settings.type else step_id
+
+
 def build_report(run: Run) -> dict:
     store = run.store
-    input_summaries = [json.loads(store.read_text(layout.input_stats(i))) for i in range(run.n_inputs)]
-    tokenize_summaries = [json.loads(store.read_text(layout.tokenize_stats(i))) for i in range(run.n_inputs)]
-    per_input = merge_stats([s["steps"] for s in input_summaries])
-    global_steps = merge_stats([s["steps"] for s in tokenize_summaries])
+    input_summaries: list[dict] = []
+    tokenize_summaries: list[dict] = []
+    per_input = merge_stats(_step_lists(store, [layout.input_stats(i) for i in range(run.n_inputs)],
+                                        input_summaries))
+    global_steps = merge_stats(_step_lists(store, [layout.tokenize_stats(i) for i in range(run.n_inputs)],
+                                           tokenize_summaries))
     dedup = json.loads(store.read_text(layout.DEDUP_STATS))
     tokenizer = json.loads(store.read_text(layout.TOKENIZER_STATS))
     shards = json.loads(store.read_text(layout.SHARD_STATS))
@@ -315,6 +364,7 @@ def build_report(run: Run) -> dict:
         },
         "phases": phases,
         "stages": [_stage_entry(s, GLOBAL_STAGE_PHASE.get(s.name, "inputs")) for s in stages],
+        "steps": _steps(run, per_input, by_name),
         "languages": dict(languages.most_common()),
         "doc_length_tokens": _corpus_length_histogram(store, run.n_inputs),
         "pii": _pii(by_name.get("pii"), "pii" in dict(run.config.enabled_steps())),

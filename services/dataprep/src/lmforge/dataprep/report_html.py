@@ -19,7 +19,7 @@ from typing import Any
 from lmforge.common.formatting import byte_size, count, duration, percent, si, to_finite
 from lmforge.common.html_pages import render
 from lmforge.common.line_chart import LegendItem
-from lmforge.dataprep.report_charts import Bar, HBarChart, column_chart, hbar_chart
+from lmforge.dataprep.report_charts import Bar, ColumnChart, HBarChart, column_chart, hbar_chart
 
 TOP_LANGUAGES = 15
 MAX_WORKER_ROWS = 200
@@ -262,6 +262,79 @@ def _drop_reasons(stages: list[Stage]) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+@dataclass(frozen=True)
+class Example:
+    url: str
+    reason: str
+    preview: str
+
+
+def _score_edge(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _score_histogram(step_id: str, name: str, raw: Any) -> ColumnChart | None:
+    """One score's histogram: a column per bin (values outside the edges count in the end bins)."""
+    data = _mapping(raw)
+    edges = [to_finite(e) for e in _sequence(data.get("edges"))]
+    counts = [to_finite(c) for c in _sequence(data.get("counts"))]
+    size = min(len(edges) - 1, len(counts))
+    total = sum(counts[:size])
+    bars = [
+        Bar(
+            f"{_score_edge(edges[i])}\u2013{_score_edge(edges[i + 1])}",
+            counts[i],
+            si(counts[i]) if counts[i] else "",
+            tooltip=f"{name} {_score_edge(edges[i])} to {_score_edge(edges[i + 1])}: {count(counts[i])} docs "
+            f"({percent(_ratio(counts[i], total))})",
+        )
+        for i in range(max(size, 0))
+    ]
+    return column_chart(
+        bars, title=f"{step_id}: {name}", x_title=name, y_title="documents", color=COLORS["indigo"], width=900,
+        height=240,
+    )
+
+
+def _examples(raw: Any) -> list[Example]:
+    return [
+        Example(str(e.get("url") or ""), str(e.get("reason") or ""), str(e.get("preview") or ""))
+        for e in map(_mapping, _sequence(raw))
+    ]
+
+
+def _steps(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each pipeline step as report.json lists it, whatever its id or type: its counts, drop reasons,
+    a histogram per score it recorded and its removed and kept examples."""
+    steps = []
+    for index, raw in enumerate(_sequence(report.get("steps"))):
+        data = _mapping(raw)
+        step_id = str(data.get("id", "?"))
+        docs_in, docs_out = _int(data.get("docs_in")), _int(data.get("docs_out"))
+        dropped = sorted(((str(k), _int(v)) for k, v in _mapping(data.get("dropped")).items()),
+                         key=lambda kv: (-kv[1], kv[0]))
+        histograms = [(str(name), _score_histogram(step_id, str(name), h))
+                      for name, h in sorted(_mapping(data.get("histograms")).items())]
+        examples = _mapping(data.get("examples"))
+        steps.append({
+            "anchor": f"step-{index + 1}",
+            "id": step_id,
+            "type": str(data.get("type") or step_id),
+            "docs_in": docs_in,
+            "docs_out": docs_out,
+            "drop_rate": _ratio(docs_in - docs_out, docs_in),
+            "bytes_in": _int(data.get("bytes_in")),
+            "bytes_out": _int(data.get("bytes_out")),
+            "seconds": to_finite(data.get("seconds")),
+            "reasons": [(reason, n, _ratio(n, docs_in)) for reason, n in dropped],
+            "counters": sorted((str(k), _int(v)) for k, v in _mapping(data.get("counters")).items()),
+            "histograms": [(name, chart) for name, chart in histograms if chart],
+            "removed": _examples(examples.get("removed")),
+            "kept": _examples(examples.get("kept")),
+        })
+    return steps
 
 
 def _languages(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -539,6 +612,7 @@ def render_report_html(report: dict) -> str:
         bad_input=_bad_input(report),
         funnel=_funnel(stages),
         drop_reasons=_drop_reasons(stages),
+        steps=_steps(report),
         languages=_languages(report),
         doc_length=_doc_length(report),
         throughput=_throughput(report, stages),

@@ -7,6 +7,7 @@ import bisect
 import resource
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,8 +106,9 @@ class StepStats:
         )
 
 
-def merge_stats(groups: list[list[dict[str, Any]]]) -> list[StepStats]:
-    """Merge per-input lists of step stats (same step order) into one list."""
+def merge_stats(groups: Iterable[list[dict[str, Any]]]) -> list[StepStats]:
+    """Merge per-input lists of step stats (same step order) into one list, one group at a time
+    (a generator of groups keeps memory to the merged stats: StepStats.merge keeps the bottom-k examples)."""
     merged: dict[str, StepStats] = {}
     for group in groups:
         for item in group:

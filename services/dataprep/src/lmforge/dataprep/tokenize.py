@@ -23,6 +23,7 @@ from lmforge.common.storage import Store, local_path_of, scheme_of
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig, TokenizerConfig
 from lmforge.dataprep.dedup_global import KIND_REASONS, load_removed
+from lmforge.dataprep.document import Document
 from lmforge.dataprep.parquet_io import REJECT_SCHEMA, ArrowRowWriter, ParquetRowWriter, iter_batches, open_arrow
 from lmforge.dataprep.stats import StepStats, peak_rss_bytes
 
@@ -170,11 +171,13 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
                 if is_removed[row]:
                     reason = KIND_REASONS[int(removed_reasons[positions[row]])]
                     stats.dropped[reason] += 1
+                    stats.add_example("removed", Document(doc_id, url, text), reason)
                     rejects.add({"url": url, "stage": "global_dedup", "reason": reason, "doc_id": doc_id,
                                  "text_preview": text[: config.reject_preview_chars]})
                     continue
                 stats.docs_out += 1
                 stats.bytes_out += nbytes
+                stats.add_example("kept", Document(doc_id, url, text))
                 keep_texts.append(text)
                 keep_rows.append(row)
             if not keep_texts:
