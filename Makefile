@@ -17,8 +17,9 @@ SAMPLE_DATA_PACKAGE := services/sample-data
 # with the extras the steps of both pipelines need, as the step images have them).
 PACKAGES := $(SERVICES) pipelines $(DEMO_PACKAGE) $(SAMPLE_DATA_PACKAGE)
 PIPELINES_DIR ?= build/pipelines
-# chromium: the HTML reports' render test (headless screenshots).
-APT_PACKAGES := prometheus-pushgateway prometheus chromium
+# chromium: the HTML reports' render test (headless screenshots). g++: kenlm (the perplexity step's
+# lmforge-dataprep[kenlm] extra) is a C++ extension built from its source distribution.
+APT_PACKAGES := prometheus-pushgateway prometheus chromium g++
 BENCH_APT_PACKAGES := libmagic1 util-linux
 # Container images (docker/): the engine, the base image the tests build, the image tests.
 IMAGE_APT_PACKAGES := podman runc debootstrap
@@ -79,7 +80,7 @@ $(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pypro
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(PACKAGES),-e $(s)) -e 'services/trainer[tracking]' \
-	  -e 'pipelines[data,train]'
+	  -e 'services/dataprep[kenlm]' -e 'pipelines[data,train]'
 	touch $(SETUP_STAMP)
 
 # The whole platform on this machine (services/demo): corpus, data pipeline (kfp.local), FSDP training

@@ -150,6 +150,16 @@ def cmd_fetch(args, _config: None) -> int:
     return 0
 
 
+def cmd_train_ngram(args, _config: None) -> int:
+    from lmforge.dataprep.train_ngram import train_ngram
+
+    model = train_ngram(args.input, args.output, order=args.order, text_field=args.text_field,
+                        normalize=not args.no_normalize)
+    log.info("train_ngram_complete", output=args.output, order=model.order,
+             ngrams=[len(grams) for grams in model.adjusted])
+    return 0
+
+
 def build_cli() -> ServiceCli:
     cli = ServiceCli("lmforge-dataprep", service="dataprep", description=__doc__, load_config=load_dataprep_config,
                      set_help="override a config field, e.g. --set steps.langid.threshold=0.5",
@@ -205,6 +215,18 @@ def build_cli() -> ServiceCli:
     fetch.add_argument("--output", required=True)
     fetch.add_argument("--base-url", default="https://data.commoncrawl.org",
                        help="https:// mirror or s3://commoncrawl")
+
+    ngram = cli.command("train-ngram", cmd_train_ngram,
+                        help="estimate a modified Kneser-Ney n-gram model (ARPA, for KenLM) for the perplexity step")
+    ngram.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                       help=".txt, .jsonl(.gz) or .parquet files, directories or globs (e.g. a data-prep output's "
+                            "work/docs/*.parquet)")
+    ngram.add_argument("--output", required=True, help="the .arpa file to write")
+    ngram.add_argument("--order", type=int, default=3,
+                       help="n-gram order (CCNet used 5 with lmplz; this estimator holds the counts in memory)")
+    ngram.add_argument("--text-field", default="text", help="the JSONL field / Parquet column of the text")
+    ngram.add_argument("--no-normalize", action="store_true",
+                       help="keep the text as it is (default: normalize as CCNet, as the kenlm backend does)")
     return cli
 
 

@@ -40,6 +40,7 @@ BUILTIN_STEPS: dict[str, str] = {
     "fineweb_quality": "lmforge.dataprep.steps.fineweb:FineWebQualityFilter",
     "c4_quality": "lmforge.dataprep.steps.c4:C4QualityFilter",
     "toxicity_words": "lmforge.dataprep.steps.toxicity:ToxicityWordsFilter",
+    "perplexity": "lmforge.dataprep.steps.perplexity:PerplexityFilter",
 }
 
 DEFAULT_PIPELINE: tuple[str, ...] = (
