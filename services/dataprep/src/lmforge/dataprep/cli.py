@@ -11,6 +11,7 @@ from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import ConfigError
 from lmforge.common.logging import get_logger
 from lmforge.dataprep import runner
+from lmforge.dataprep.classifier_cli import add_train_classifier_options, settings_from_args, sources_from_args
 from lmforge.dataprep.config import DataprepConfig, load_dataprep_config
 
 log = get_logger("dataprep")
@@ -148,6 +149,13 @@ def cmd_fetch(args, _config: None) -> int:
     return 0
 
 
+def cmd_train_classifier(args, _config: None) -> int:
+    from lmforge.dataprep.classifier_training import train_classifier
+
+    train_classifier(sources_from_args(args), args.output, settings_from_args(args), sys.stdout)
+    return 0
+
+
 def build_cli() -> ServiceCli:
     cli = ServiceCli("lmforge-dataprep", service="dataprep", description=__doc__, load_config=load_dataprep_config,
                      set_help="override a config field, e.g. --set steps.langid.threshold=0.5",
@@ -193,6 +201,9 @@ def build_cli() -> ServiceCli:
     fetch.add_argument("--output", required=True)
     fetch.add_argument("--base-url", default="https://data.commoncrawl.org",
                        help="https:// mirror or s3://commoncrawl")
+    add_train_classifier_options(cli.command(
+        "train-classifier", cmd_train_classifier,
+        help="train a fastText classifier (DCLM's recipe) from labelled JSONL files or data-prep outputs"))
     return cli
 
 

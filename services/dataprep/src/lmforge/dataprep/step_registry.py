@@ -36,6 +36,7 @@ BUILTIN_STEPS: dict[str, str] = {
     "gopher_quality": "lmforge.dataprep.steps.quality:GopherQualityFilter",
     "pii": "lmforge.dataprep.steps.pii:PIIScrubber",
     "contamination": "lmforge.dataprep.steps.contamination:ContaminationFilter",
+    "classifier": "lmforge.dataprep.steps.classifier:ClassifierFilter",
 }
 
 DEFAULT_PIPELINE: tuple[str, ...] = (
