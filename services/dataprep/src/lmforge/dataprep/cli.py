@@ -11,6 +11,7 @@ from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import ConfigError
 from lmforge.common.logging import get_logger
 from lmforge.dataprep import runner
+from lmforge.dataprep.classifier_cli import add_train_classifier_options, settings_from_args, sources_from_args
 from lmforge.dataprep.config import DataprepConfig, load_dataprep_config
 
 log = get_logger("dataprep")
@@ -160,6 +161,13 @@ def cmd_train_ngram(args, _config: None) -> int:
     return 0
 
 
+def cmd_train_classifier(args, _config: None) -> int:
+    from lmforge.dataprep.classifier_training import train_classifier
+
+    train_classifier(sources_from_args(args), args.output, settings_from_args(args), sys.stdout)
+    return 0
+
+
 def build_cli() -> ServiceCli:
     cli = ServiceCli("lmforge-dataprep", service="dataprep", description=__doc__, load_config=load_dataprep_config,
                      set_help="override a config field, e.g. --set steps.langid.threshold=0.5",
@@ -227,6 +235,9 @@ def build_cli() -> ServiceCli:
     ngram.add_argument("--text-field", default="text", help="the JSONL field / Parquet column of the text")
     ngram.add_argument("--no-normalize", action="store_true",
                        help="keep the text as it is (default: normalize as CCNet, as the kenlm backend does)")
+    add_train_classifier_options(cli.command(
+        "train-classifier", cmd_train_classifier,
+        help="train a fastText classifier (DCLM's recipe) from labelled JSONL files or data-prep outputs"))
     return cli
 
 

@@ -41,6 +41,7 @@ BUILTIN_STEPS: dict[str, str] = {
     "c4_quality": "lmforge.dataprep.steps.c4:C4QualityFilter",
     "toxicity_words": "lmforge.dataprep.steps.toxicity:ToxicityWordsFilter",
     "perplexity": "lmforge.dataprep.steps.perplexity:PerplexityFilter",
+    "classifier": "lmforge.dataprep.steps.classifier:ClassifierFilter",
 }
 
 DEFAULT_PIPELINE: tuple[str, ...] = (
