@@ -32,8 +32,19 @@ LINE_RULES = [
 ]
 
 
+def paper_c4() -> C4QualityFilter:
+    """C4 as the paper ran it: the terminal-punctuation rule on (lmforge's default, FineWeb's, leaves it off)."""
+    return C4QualityFilter(C4QualitySettings(filter_no_terminal_punct=True))
+
+
+def test_the_default_keeps_lines_without_terminal_punctuation_as_fineweb_did():
+    text = "\n".join(GOOD_LINES[:2] + ["Home | About us | Contact | Opening hours"] + GOOD_LINES[2:])
+    kept = list(C4QualityFilter().run([Document(0, "u", text)]))
+    assert [doc.text for doc in kept] == [text]
+
+
 def test_a_clean_page_passes_unchanged():
-    step = C4QualityFilter()
+    step = paper_c4()
     kept = list(step.run([Document(0, "u", CLEAN)]))
     assert [doc.text for doc in kept] == [CLEAN]
     assert step.stats.counters == Counter({"lines_kept": 5})
@@ -42,7 +53,7 @@ def test_a_clean_page_passes_unchanged():
 
 @pytest.mark.parametrize(("rule", "line"), LINE_RULES)
 def test_each_line_rule_removes_only_its_line(rule, line):
-    step = C4QualityFilter()
+    step = paper_c4()
     lines = GOOD_LINES[:2] + [line] + GOOD_LINES[2:]
     kept = list(step.run([Document(0, "u", "\n".join(lines))]))
     assert [doc.text for doc in kept] == [CLEAN]
@@ -51,7 +62,7 @@ def test_each_line_rule_removes_only_its_line(rule, line):
 
 def test_removed_lines_are_counted_and_bytes_out_is_the_edited_text():
     text = "\n".join(GOOD_LINES[:1] + [line for _, line in LINE_RULES] + ["  ", *GOOD_LINES[1:]])
-    step = C4QualityFilter()
+    step = paper_c4()
     kept = list(step.run([Document(0, "u", text)]))
     assert [doc.text for doc in kept] == [CLEAN]
     assert step.stats.counters == Counter({"lines_removed:no_terminal_punct": 2, "lines_removed:too_few_words": 1,
@@ -63,7 +74,7 @@ def test_removed_lines_are_counted_and_bytes_out_is_the_edited_text():
 
 def test_citation_marks_are_removed_from_kept_lines():
     text = CLEAN.replace("decades.", "decades.[1]").replace("north.", "north.[citation needed]")
-    kept = list(C4QualityFilter().run([Document(0, "u", text)]))
+    kept = list(paper_c4().run([Document(0, "u", text)]))
     assert [doc.text for doc in kept] == [CLEAN]
 
 
@@ -72,13 +83,13 @@ def test_citation_marks_are_removed_from_kept_lines():
     ("curly_bracket", "The function returns {'a': 1} when called."),
 ])
 def test_page_rules_drop_the_page(reason, line):
-    step = C4QualityFilter()
+    step = paper_c4()
     assert list(step.run([Document(0, "u", CLEAN + "\n" + line)])) == []
     assert step.stats.dropped == Counter({reason: 1})
 
 
 def test_too_few_sentences_drops_the_page():
-    step = C4QualityFilter()
+    step = paper_c4()
     four_sentences = "\n".join(GOOD_LINES[:2] + GOOD_LINES[3:])
     assert step.filter(Document(0, "u", four_sentences)) == (False, "too_few_sentences")
     assert step.filter(Document(0, "u", "Menu\nHome\nShop")) == (False, "too_few_sentences")

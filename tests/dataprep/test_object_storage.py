@@ -311,7 +311,7 @@ def test_full_temp_dir_is_one_line_storage_error(s3_endpoint, https_input, corpu
     tmpdir.mkdir()
     output = f"s3://{BUCKET}/full"
     failed = dataprep(child_env(s3_endpoint, tmpdir, cert), "run", "--input", corpus["patterns"][0],
-                      "--output", output, "--workers", 1, *SMALL, limit=4096)
+                      "--output", output, "--workers", 1, *SMALL, limit=32768)
     assert failed.returncode == 4, failed.stderr[-3000:]
     match = re.fullmatch(rf"lmforge-dataprep run: error: storage error: File too large \(EFBIG\): "
                          rf"{re.escape(str(tmpdir))}/\S+ -> ({re.escape(output)}/\S+)\n", failed.stderr)

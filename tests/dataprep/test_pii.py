@@ -173,7 +173,8 @@ def test_a_disabled_step_is_left_out_of_the_pipeline():
 
     config = DataprepConfig.model_validate({"steps": {"pii": {"enabled": False}}})
     names = [step.name for step in build_filter_steps(config)]
-    assert names == ["url_dedup", "exact_dedup", "langid", "gopher_repetition", "gopher_quality"]
+    assert names == ["url_dedup", "exact_dedup", "url_filter", "langid", "gopher_repetition", "gopher_quality",
+                     "c4_quality", "fineweb_quality"]
 
 
 def test_non_ascii_text_around_pii():

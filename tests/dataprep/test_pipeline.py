@@ -172,8 +172,8 @@ def test_lineage_covers_every_token(two_worker_run):
 def test_report_counts_add_up(two_worker_run):
     report = json.loads((two_worker_run / "report.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    order = ["read", "url_dedup", "exact_dedup", "langid", "gopher_repetition", "gopher_quality", "pii",
-             "contamination", "minhash", "global_dedup", "tokenize"]
+    order = ["read", "url_dedup", "exact_dedup", "url_filter", "langid", "gopher_repetition", "gopher_quality",
+             "c4_quality", "fineweb_quality", "pii", "contamination", "minhash", "global_dedup", "tokenize"]
     assert [s["name"] for s in report["stages"]][: len(order)] == order
     for before, after in zip(order, order[1:]):
         assert stages[before]["docs_out"] == stages[after]["docs_in"], (before, after)

@@ -13,7 +13,11 @@ NAMESPACE = "ml"
 # Data prep and training on CPU only: what a cluster without GPUs (or kind) runs.
 CPU_ONLY = {
     "s3": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "lmforge-s3"},
-    "dataprep": {"enabled": True, "workers": 4, "parallelism": 2, "config": {"steps": {"langid": {"threshold": 0.5}}}},
+    "dataprep": {"enabled": True, "workers": 4, "parallelism": 2, "config": {
+        # a composed pipeline: a step of the user's own id, typed, between built-in ones
+        "pipeline": ["url_dedup", "exact_dedup", "langid", "quality", "pii"],
+        "steps": {"langid": {"threshold": 0.5},
+                  "quality": {"type": "classifier", "model_path": "s3://models/quality.bin", "keep_if": {"hq": 0.5}}}}},
     "training": {
         "enabled": True,
         "nprocPerNode": 2,

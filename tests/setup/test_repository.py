@@ -52,8 +52,10 @@ def test_every_relative_link_resolves_inside_the_repository(doc):
 def test_reference_data_is_what_its_readme_lists(folder):
     listed = dict(re.findall(r"^\| `([^`]+)` \| \d+ \| `([0-9a-f]{64})` \|$", (REPO / folder / "README.md").read_text(),
                              re.M))
-    present = {p.name for p in (REPO / folder).iterdir() if p.name != "README.md"}
+    present = {p.name for p in (REPO / folder).iterdir() if p.name != "README.md" and p.is_file()}
     assert listed and set(listed) == present
+    sets = [p for p in (REPO / folder).iterdir() if p.is_dir()]  # a data set of its own: its README says what
+    assert all((p / "README.md").read_text().strip() for p in sets)
     for name, digest in listed.items():
         assert hashlib.sha256((REPO / folder / name).read_bytes()).hexdigest() == digest, name
 

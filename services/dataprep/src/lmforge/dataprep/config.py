@@ -97,6 +97,8 @@ class _StepsBase(StrictModel):
 
     @model_validator(mode="after")
     def _extra_steps(self) -> _StepsBase:
+        for step_id in BUILTIN_STEPS:
+            settings_for(step_id, getattr(self, step_id))  # refuses a built-in id given another type
         for step_id, raw in list((self.__pydantic_extra__ or {}).items()):
             self.__pydantic_extra__[step_id] = settings_for(step_id, raw)
         return self

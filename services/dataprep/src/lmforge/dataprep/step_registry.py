@@ -44,8 +44,13 @@ BUILTIN_STEPS: dict[str, str] = {
     "classifier": "lmforge.dataprep.steps.classifier:ClassifierFilter",
 }
 
+# FineWeb's order (Penedo et al. 2024, section 3): URL filter, language, Gopher repetition and
+# quality, C4's rules (without the terminal-punctuation one), FineWeb's own; then PII and the
+# contamination check. The classifier, perplexity and toxicity steps need a model or a choice of
+# lists, and are the user's to add.
 DEFAULT_PIPELINE: tuple[str, ...] = (
-    "url_dedup", "exact_dedup", "langid", "gopher_repetition", "gopher_quality", "pii", "contamination")
+    "url_dedup", "exact_dedup", "url_filter", "langid", "gopher_repetition", "gopher_quality", "c4_quality",
+    "fineweb_quality", "pii", "contamination")
 
 
 @cache

@@ -33,8 +33,10 @@ _SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$)")
 
 class C4QualitySettings(StepSettings):
     filter_no_terminal_punct: bool = Field(
-        True, description="remove lines not ending in terminal punctuation (. ? ! \" ') or ending in an ellipsis "
-                          "(source: C4 paper section 2.2, TFDS c4_utils)")
+        False, description="remove lines not ending in terminal punctuation (. ? ! \" ') or ending in an ellipsis. "
+                           "C4 (paper section 2.2, TFDS c4_utils) did; FineWeb (Penedo et al. 2024, section 3.3) "
+                           "kept C4's other rules and left this one off, as lmforge's default does: it deletes "
+                           "most lines that are not sentences (headings, lists, code, table rows)")
     min_words_per_line: int = Field(
         3, ge=0, description="remove lines with fewer words (whitespace-separated); 0 turns it off "
                              "(source: C4 paper section 2.2: at least 3 words)")
