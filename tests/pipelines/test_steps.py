@@ -110,3 +110,34 @@ def test_fetch_sample_from_the_object_store(s3):
     assert steps.read_inputs(output) == uris
     listed = {o["Key"] for o in client.list_objects_v2(Bucket="pipelines-fetch")["Contents"]}
     assert listed == {"datasets/x/wet/inputs.json", *(u.removeprefix("s3://pipelines-fetch/") for u in uris)}
+
+
+def test_fetch_inputs_downloads_a_crawls_warc_files(tmp_path, monkeypatch):
+    """The pipeline's fetch step with input_kind "warc": the crawl's warc.paths.gz, then its first
+    WARC files, recorded as the workers' inputs (`lmforge-dataprep fetch --kind warc` underneath)."""
+    import gzip
+    import threading
+    from pathlib import Path
+
+    from tests.dataprep.test_fetch import CRAWL, CrawlServer
+    from tests.dataprep.wet_records import gz_member, wet_record
+
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    paths = [f"crawl-data/{CRAWL}/segments/1/warc/CC-MAIN-0000{i}.warc.gz" for i in range(3)]
+    files = {f"crawl-data/{CRAWL}/warc.paths.gz": gzip.compress("".join(p + "\n" for p in paths).encode())}
+    for i, rel in enumerate(paths):
+        files[rel] = gz_member(wet_record(f"https://w.example/{i}", b"HTTP/1.1 200 OK\r\n\r\n<p>hi</p>",
+                                          rec_type="response"))
+    server = CrawlServer(files)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        uris = steps.fetch_inputs(crawl=CRAWL, shards=2, output=str(tmp_path), base_url=server.base_url, kind="warc")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert [Path(uri).name for uri in uris] == ["CC-MAIN-00000.warc.gz", "CC-MAIN-00001.warc.gz"]
+    assert [Path(uri).read_bytes() for uri in uris] == [files[rel] for rel in paths[:2]]
+    assert steps.read_inputs(str(tmp_path)) == uris

@@ -18,12 +18,12 @@ from lmforge_pipelines.images import DATAPREP_IMAGE, TRAINER_IMAGE
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
-def fetch_wet(crawl: str, shards: int, base_url: str, output: str) -> list[str]:
-    """The run's WET files under <output>/wet/: the crawl's first `shards` WET files, downloaded
-    resumably, or (crawl "sample") the first `shards` placed there beforehand."""
+def fetch_wet(crawl: str, shards: int, base_url: str, output: str, input_kind: str = "wet") -> list[str]:
+    """The run's input files under <output>/wet/: the crawl's first `shards` WET (or, input_kind
+    "warc", WARC) files, downloaded resumably, or (crawl "sample") the first `shards` placed there beforehand."""
     from lmforge_pipelines import steps
 
-    return steps.fetch_inputs(crawl=crawl, shards=shards, output=output, base_url=base_url)
+    return steps.fetch_inputs(crawl=crawl, shards=shards, output=output, base_url=base_url, kind=input_kind)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)

@@ -63,6 +63,7 @@ def data_pipeline(
     workers: int = 2,
     output: str = "s3://lmforge/datasets/sample",
     base_url: str = "https://data.commoncrawl.org",
+    input_kind: str = "wet",
     processes_per_worker: int = 1,
     dedup_tasks: int = 8,
     tokenize_tasks: int = 8,
@@ -80,6 +81,7 @@ def data_pipeline(
         workers: Parallel data-prep workers; the WET files are split between them.
         output: Where the prepared data goes (s3://BUCKET/PREFIX; a local directory with kfp.local).
         base_url: Common Crawl mirror: https://data.commoncrawl.org or s3://commoncrawl.
+        input_kind: "wet" (the crawl's text) or "warc" (its HTML responses; the workers extract the main text).
         processes_per_worker: Local processes inside each worker.
         dedup_tasks: Parallel dedup tasks; the dedup partitions (LSH bands, URL, content) are split between them.
         tokenize_tasks: Parallel tokenize tasks; the inputs are split between them.
@@ -87,7 +89,7 @@ def data_pipeline(
         processes_per_task: Local processes inside each dedup, tokenize and shard-writing task.
         dataprep_config: More data-prep config as nested keys, e.g. {"tokenizer": {"vocab_size": 32768}}.
     """
-    fetch = fetch_wet(crawl=crawl, shards=shards, base_url=base_url, output=output)
+    fetch = fetch_wet(crawl=crawl, shards=shards, base_url=base_url, output=output, input_kind=input_kind)
     fetch.set_display_name("fetch WET files").set_caching_options(False)
     plan = plan_workers(inputs=fetch.output, workers=workers)
     plan.set_display_name("plan workers").set_caching_options(False)

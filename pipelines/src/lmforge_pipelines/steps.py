@@ -117,11 +117,13 @@ def _publish_dir(local_dir: Path, dest: str, *, last: str | None = None) -> None
 
 # ----------------------------------------------------------------------------- data pipeline
 
-def fetch_inputs(*, crawl: str, shards: int, output: str, base_url: str = "https://data.commoncrawl.org") -> list[str]:
-    """The WET files of the run, under <output>/wet/ (shared storage), as URIs; their list is
+def fetch_inputs(*, crawl: str, shards: int, output: str, base_url: str = "https://data.commoncrawl.org",
+                 kind: str = "wet") -> list[str]:
+    """The input files of the run, under <output>/wet/ (shared storage), as URIs; their list is
     recorded in <output>/wet/inputs.json for the workers.
 
-    A crawl id (CC-MAIN-YYYY-WW) downloads the crawl's first `shards` WET files there
+    A crawl id (CC-MAIN-YYYY-WW) downloads the crawl's first `shards` files of `kind` there (WET
+    text, or WARC with the HTML the workers extract the main text of)
     (`lmforge-dataprep fetch`, resumable: files already in place are kept, so a retried step
     does not start over). crawl="sample" takes the first `shards` WET files placed there
     beforehand, in name order: synthetic ones from `lmforge-sample-data --files N`, which no
@@ -135,7 +137,7 @@ def fetch_inputs(*, crawl: str, shards: int, output: str, base_url: str = "https
     if crawl == SAMPLE_CRAWL:
         names = _placed_inputs(store, dest, shards)
     else:
-        names = _download(store, dest, crawl, shards, base_url)
+        names = _download(store, dest, crawl, shards, base_url, kind)
     uris = [str(_local(dest) / name) if _store_is_local(dest) else f"{dest}/{name}" for name in names]
     store.write_bytes(INPUTS_FILE, json.dumps(uris, indent=1).encode())
     return uris
@@ -150,20 +152,20 @@ def _placed_inputs(store, dest: str, shards: int) -> list[str]:
     return names
 
 
-def _download(store, dest: str, crawl: str, shards: int, base_url: str) -> list[str]:
-    """The crawl's first `shards` WET files, in its listing's order, put in `store`."""
+def _download(store, dest: str, crawl: str, shards: int, base_url: str, kind: str) -> list[str]:
+    """The crawl's first `shards` files of `kind`, in its listing's order, put in `store`."""
     local = _store_is_local(dest)
     present = set() if local else set(store.list())  # already in the object store: not again
     staging = _local(dest) if local else Path(tempfile.mkdtemp(prefix="lmforge-wet-"))
     staging.mkdir(parents=True, exist_ok=True)
     try:
         call([cli("lmforge-dataprep"), "fetch", "--crawl", crawl, "--shards", str(shards), "--output", str(staging),
-              "--base-url", base_url], what="fetch")
+              "--base-url", base_url, "--kind", kind], what="fetch")
         # The files the crawl's listing names first, in its order (fetch saved the listing).
-        names = [PurePosixPath(path).name for path in _read_listing(staging / "wet.paths.gz")[:shards]]
+        names = [PurePosixPath(path).name for path in _read_listing(staging / f"{kind}.paths.gz")[:shards]]
         missing = [n for n in names if n not in present and not (staging / n).is_file()]
         if missing:
-            raise StepError(f"WET files missing in {staging} after the download: {missing}")
+            raise StepError(f"{kind.upper()} files missing in {staging} after the download: {missing}")
         if not local:
             for name in names:
                 if name not in present:
