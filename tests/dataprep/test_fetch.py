@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -9,6 +10,7 @@ import random
 import re
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -134,15 +136,24 @@ def no_proxies_no_waiting(monkeypatch):
     monkeypatch.setattr(fetch, "BACKOFF_BASE_S", 0.0)
 
 
-@pytest.fixture
-def server(crawl_files):
-    srv = CrawlServer(crawl_files)
+@contextlib.contextmanager
+def serving(files: dict[str, bytes]) -> Iterator[CrawlServer]:
+    """A CrawlServer of `files` on a thread, for the duration of the block."""
+    srv = CrawlServer(files)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def server(crawl_files):
+    with serving(crawl_files) as srv:
+        yield srv
 
 
 def expected(crawl_files, out: Path, count: int = 2) -> dict[Path, bytes]:
@@ -392,16 +403,9 @@ def test_kind_warc_fetches_the_warc_listing_and_files_through_the_cli(tmp_path):
     for i, rel in enumerate(warc_paths):
         files[rel] = gz_member(wet_record(f"https://w.example/{i}", b"HTTP/1.1 200 OK\r\n\r\n<p>hi</p>",
                                           rec_type="response"))
-    srv = CrawlServer(files)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
+    with serving(files) as srv:
         assert run_cli("fetch", "--crawl", CRAWL, "--shards", 1, "--output", tmp_path, "--base-url", srv.base_url,
                        "--kind", "warc") == 0
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join()
     assert (tmp_path / "warc.paths.gz").read_bytes() == files[f"crawl-data/{CRAWL}/warc.paths.gz"]
     assert (tmp_path / Path(warc_paths[0]).name).read_bytes() == files[warc_paths[0]]
     assert not (tmp_path / Path(warc_paths[1]).name).exists() and not (tmp_path / "wet.paths.gz").exists()

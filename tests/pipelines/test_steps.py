@@ -116,10 +116,9 @@ def test_fetch_inputs_downloads_a_crawls_warc_files(tmp_path, monkeypatch):
     """The pipeline's fetch step with input_kind "warc": the crawl's warc.paths.gz, then its first
     WARC files, recorded as the workers' inputs (`lmforge-dataprep fetch --kind warc` underneath)."""
     import gzip
-    import threading
     from pathlib import Path
 
-    from tests.dataprep.test_fetch import CRAWL, CrawlServer
+    from tests.dataprep.test_fetch import CRAWL, serving
     from tests.dataprep.wet_records import gz_member, wet_record
 
     for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
@@ -129,15 +128,8 @@ def test_fetch_inputs_downloads_a_crawls_warc_files(tmp_path, monkeypatch):
     for i, rel in enumerate(paths):
         files[rel] = gz_member(wet_record(f"https://w.example/{i}", b"HTTP/1.1 200 OK\r\n\r\n<p>hi</p>",
                                           rec_type="response"))
-    server = CrawlServer(files)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
+    with serving(files) as server:
         uris = steps.fetch_inputs(crawl=CRAWL, shards=2, output=str(tmp_path), base_url=server.base_url, kind="warc")
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
     assert [Path(uri).name for uri in uris] == ["CC-MAIN-00000.warc.gz", "CC-MAIN-00001.warc.gz"]
     assert [Path(uri).read_bytes() for uri in uris] == [files[rel] for rel in paths[:2]]
     assert steps.read_inputs(str(tmp_path)) == uris

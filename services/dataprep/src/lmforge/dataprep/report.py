@@ -276,22 +276,10 @@ def _step_lists(store: Store, paths: list[str], summaries: list[dict]) -> Iterat
 
 
 def _step_entry(stats: StepStats, step_type: str, phase: str) -> dict:
-    return {
-        "id": stats.name,
-        "type": step_type,
-        "phase": phase,
-        "docs_in": stats.docs_in,
-        "docs_out": stats.docs_out,
-        "docs_dropped": stats.docs_dropped,
-        "bytes_in": stats.bytes_in,
-        "bytes_out": stats.bytes_out,
-        "seconds": round(stats.seconds, 6),
-        "dropped": dict(sorted(stats.dropped.items())),
-        "counters": dict(sorted(stats.counters.items())),
-        "histograms": stats.histograms,
-        "examples": {side: [{k: example.get(k) for k in ("doc_id", "url", "reason", "preview")}
-                            for example in stats.examples.get(side, [])] for side in ("removed", "kept")},
-    }
+    entry = stats.to_dict()
+    return {"id": entry.pop("name"), "type": step_type, "phase": phase, "docs_dropped": stats.docs_dropped, **entry,
+            "examples": {side: [{k: example.get(k) for k in ("doc_id", "url", "reason", "preview")}
+                                for example in stats.examples.get(side, [])] for side in ("removed", "kept")}}
 
 
 def _steps(run: Run, per_input: list[StepStats], by_name: dict[str, StepStats]) -> list[dict]:
