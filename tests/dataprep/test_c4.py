@@ -43,6 +43,16 @@ def test_the_default_keeps_lines_without_terminal_punctuation_as_fineweb_did():
     assert [doc.text for doc in kept] == [text]
 
 
+def test_paragraphs_and_indentation_stay_and_a_removal_leaves_one_paragraph_break():
+    text = ("  " + GOOD_LINES[0] + "\n\n" + "\n".join(GOOD_LINES[1:3]) + "\n\nRead more.\n\n\n"
+            + "\n".join(GOOD_LINES[3:]) + "\n")
+    step = paper_c4()
+    assert [doc.text for doc in step.run([Document(0, "u", text.replace("Read more.\n\n\n", ""))])] == [
+        text.replace("Read more.\n\n\n", "")]  # nothing removed: the text exactly as it was
+    kept = list(step.run([Document(1, "u", text)]))
+    assert [doc.text for doc in kept] == [text.replace("Read more.\n\n\n", "").rstrip("\n")]
+
+
 def test_a_clean_page_passes_unchanged():
     step = paper_c4()
     kept = list(step.run([Document(0, "u", CLEAN)]))
@@ -64,12 +74,13 @@ def test_removed_lines_are_counted_and_bytes_out_is_the_edited_text():
     text = "\n".join(GOOD_LINES[:1] + [line for _, line in LINE_RULES] + ["  ", *GOOD_LINES[1:]])
     step = paper_c4()
     kept = list(step.run([Document(0, "u", text)]))
-    assert [doc.text for doc in kept] == [CLEAN]
+    # the blank line stays a paragraph break (C4 joined the kept lines with "\n": lmforge keeps paragraphs)
+    assert [doc.text for doc in kept] == [GOOD_LINES[0] + "\n\n" + "\n".join(GOOD_LINES[1:])]
     assert step.stats.counters == Counter({"lines_removed:no_terminal_punct": 2, "lines_removed:too_few_words": 1,
                                            "lines_removed:too_long_word": 1, "lines_removed:javascript": 1,
                                            "lines_removed:policy": 2, "lines_kept": 5, "docs_edited": 1})
     assert step.stats.bytes_in == len(text.encode())
-    assert step.stats.bytes_out == len(CLEAN.encode())
+    assert step.stats.bytes_out == len(kept[0].text.encode())
 
 
 def test_citation_marks_are_removed_from_kept_lines():

@@ -5,8 +5,10 @@ c4_utils.clean_page, which datatrove's C4QualityFilter follows).
 C4 removes lines and drops pages: each line (stripped) goes through the line rules in the
 reference order; a kept line that contains "lorem ipsum" or a curly bracket drops the whole
 page (as in the reference code, lines already removed by an earlier rule are not looked at);
-the page is dropped when the kept lines hold fewer than `min_num_sentences` sentences, else its
-text becomes the kept lines joined by "\\n".
+the page is dropped when the kept lines hold fewer than `min_num_sentences` sentences. Where C4
+joined the kept lines with "\\n", lmforge removes the lines from the text and keeps the rest as it
+was: blank lines stay as paragraph breaks (runs of them made by a removal become one), and a
+page none of whose lines was removed or changed keeps its text exactly.
 
 Sentences are counted with a simple regex, not NLTK's punkt as the reference does: a sentence
 ends at a run of '.', '!' or '?' (closing quotes and brackets allowed after it) followed by
@@ -27,6 +29,7 @@ POLICY_SUBSTRINGS = ["terms of use", "privacy policy", "cookie policy", "uses co
                      "use cookies"]
 _END_PUNCTUATION = (".", "?", "!", '"', "'")
 _ELLIPSIS = "..."
+_BLANK_RUNS = re.compile(r"\n{3,}")
 _CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$)")
 
@@ -84,12 +87,15 @@ class C4QualityFilter(BaseFilter):
         cfg = self.settings
         counters = self.stats.counters
         removed = dict.fromkeys(("too_long_word", "no_terminal_punct", "too_few_words", "javascript", "policy"), 0)
-        kept: list[str] = []
+        lines: list[str] = []  # the text's lines as they stay; "" is a paragraph break
+        n_kept = 0
+        cited = False  # a kept line lost a citation mark
         num_sentences = 0
         page_reason = None
-        for line in doc.text.splitlines():
-            line = line.strip()
+        for raw in doc.text.splitlines():
+            line = raw.strip()
             if not line:
+                lines.append("")
                 continue
             # a line no longer than max_word_length cannot hold a longer word: most lines skip the split
             if (cfg.max_word_length is not None and len(line) > cfg.max_word_length
@@ -120,17 +126,19 @@ class C4QualityFilter(BaseFilter):
                 removed["policy"] += 1
                 continue
             num_sentences += len(_SENTENCE_END.findall(line)) or 1
-            kept.append(line)
+            n_kept += 1
+            cited = cited or line != original
+            lines.append(raw if line == original else line)
         for rule, count in removed.items():
             if count:
                 counters[f"lines_removed:{rule}"] += count
         if page_reason:
             return False, page_reason
-        counters["lines_kept"] += len(kept)
-        if not kept or num_sentences < cfg.min_num_sentences:
+        counters["lines_kept"] += n_kept
+        if not n_kept or num_sentences < cfg.min_num_sentences:
             return False, "too_few_sentences"
-        text = "\n".join(kept)
-        if text != doc.text:
-            doc.text = text
+        if any(removed.values()) or cited:
+            # blank lines where removed ones stood would pile up: one paragraph break
+            doc.text = _BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip("\n")
             counters["docs_edited"] += 1
         return True, None
