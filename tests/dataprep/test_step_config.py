@@ -72,6 +72,9 @@ def test_a_step_from_outside_lmforge_by_module_and_class():
     (["steps.langid.type=pii"], "steps.langid: a built-in step's type cannot be changed"),
     (["pipeline=[langid, langid]"], "step ids appear more than once: langid"),
     (["quality.min_doc_words=10"], "`quality` is now `steps.gopher_quality`"),
+    (["pipeline=[c]", "steps.c.type=classifier"], "steps.c.model_path: required (a fastText model"),
+    (["pipeline=[perplexity]", "steps.perplexity.model_path=/nowhere/en.arpa"],
+     "steps.perplexity.model_path: not found: /nowhere/en.arpa"),
 ])
 def test_bad_steps_fail_at_load_naming_the_step(overrides, message):
     with pytest.raises(ConfigError) as caught:

@@ -81,7 +81,10 @@ def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for item in err.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "<root>"
+        if not item["loc"]:  # a check across fields: its message names them, the input is the whole config
+            lines.append(f"  {item['msg'].removeprefix('Value error, ')}")
+            continue
+        field = ".".join(str(p) for p in item["loc"])
         lines.append(f"  {field}: {item['msg']} (got {item.get('input')!r})")
     return "\n".join(lines)
 

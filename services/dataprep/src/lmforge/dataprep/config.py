@@ -148,6 +148,8 @@ class DataprepConfig(StrictModel):
         for step_id in self.pipeline:
             if self.step_settings(step_id) is None:
                 settings_for(step_id, {})  # raises the error that names what is missing
+        for step_id, settings in self.enabled_steps():
+            settings.check_in_pipeline(step_id)
         return self
 
     def step_settings(self, step_id: str) -> StepSettings | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -25,6 +26,10 @@ class StepSettings(StrictModel):
     enabled: bool = Field(True, description="false leaves the step out of the pipeline")
     type: str | None = Field(
         None, description="the step type of an id that is not a built-in step's (a built-in name or module:Class)")
+
+    def check_in_pipeline(self, step_id: str) -> None:
+        """What a step in the pipeline needs beyond valid settings (a model file): checked when the config
+        loads, so a run that cannot start writes nothing; a ValueError says what is missing."""
 
 
 # type name -> "module:Class". The order is the order of the configuration reference.
@@ -89,6 +94,14 @@ def settings_for(step_id: str, raw: Any) -> StepSettings:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"steps.{step_id} ({type_name}): {problems}") from None
+
+
+def require_model(path: str | None, step_id: str, what: str) -> None:
+    """A model step's `model_path`: set, and a local file or folder that exists (s3:// is read when the step starts)."""
+    if not path:
+        raise ValueError(f"steps.{step_id}.model_path: required ({what})")
+    if "://" not in path and not Path(path).exists():
+        raise ValueError(f"steps.{step_id}.model_path: not found: {path}")
 
 
 def build_step(step_id: str, settings: StepSettings):

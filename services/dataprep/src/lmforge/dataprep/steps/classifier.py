@@ -24,7 +24,7 @@ from lmforge.common.storage import S3Location, open_store, scheme_of
 from lmforge.dataprep.classifier_text import DEFAULT_MAX_CHARS, label_name, predict_probabilities
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseFilter
-from lmforge.dataprep.step_registry import StepSettings
+from lmforge.dataprep.step_registry import StepSettings, require_model
 
 
 class ClassifierSettings(StepSettings):
@@ -61,6 +61,9 @@ class ClassifierSettings(StepSettings):
         if k == 0:
             raise ValueError("k is -1 (every label) or at least 1")
         return k
+
+    def check_in_pipeline(self, step_id: str) -> None:
+        require_model(self.model_path, step_id, "a fastText model, `lmforge-dataprep train-classifier` trains one")
 
 
 # model URI -> loaded model: one download and one load per process, whatever the number of steps

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseFilter
-from lmforge.dataprep.step_registry import StepSettings
+from lmforge.dataprep.step_registry import StepSettings, require_model
 
 Bucket = Literal["head", "middle", "tail"]
 # Log-spaced bins from 10 to 100 000 (4 per decade): CCNet's English head/tail cut-offs lie
@@ -68,6 +68,10 @@ class PerplexitySettings(StepSettings):
         if self.min_perplexity and self.max_perplexity and self.min_perplexity >= self.max_perplexity:
             raise ValueError("min_perplexity must be under max_perplexity")
         return self
+
+    def check_in_pipeline(self, step_id: str) -> None:
+        require_model(self.model_path, step_id, "a KenLM .arpa/.bin, `lmforge-dataprep train-ngram` trains one, "
+                                                "or an lmforge model package")
 
 
 def bucket_of(perplexity: float, cutoffs: tuple[float, float]) -> Bucket:
