@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """`make bench-dataprep`: lmforge's data-prep pipeline vs Hugging Face datatrove, side by
 side in one run, on the same generated WET input (≥ 200 MB uncompressed) and the same
-tokenizer.json.
+tokenizer.json. The per-document steps are lmforge's default pipeline (or --steps) and, for
+datatrove, the equivalent blocks named in STEP_TABLE; both then MinHash-dedup and tokenize.
 
 Both run pinned to one CPU core (taskset), one process each, so their throughputs are per
-core. Printed: MB/s and documents/s per stage and end to end, peak RSS per worker, and the
+core; their CPU seconds are measured too (steadier than wall time on a busy machine).
+Printed: MB/s and documents/s per stage and end to end, peak RSS per worker, and the
 dedup quality of each against the generator's ground truth (planted exact and near
 duplicates). Results land in bench/out/dataprep-bench.json; the figures for the record go
 in docs/benchmarks.md.
@@ -32,6 +34,25 @@ from lmforge.sample_data.wet import write_sample_wet  # noqa: E402
 VENV_BIN = REPO / ".venv" / "bin"
 DATATROVE_PY = REPO / "bench" / ".venv-datatrove" / "bin" / "python"
 
+# lmforge's per-document steps and datatrove's equivalent block (a key of DATATROVE_STEPS in
+# bench/datatrove_baseline.py), or None where datatrove has none: that step then runs on lmforge's
+# side only (extra work for lmforge, so the ratio errs against it). A step of the lmforge pipeline
+# without a row here stops the bench. datatrove_baseline.py also builds url_filter (URLFilter),
+# c4_quality (C4QualityFilter) and fineweb_quality (FineWebQualityFilter), for the rows below.
+STEP_TABLE: dict[str, str | None] = {
+    "url_dedup": None,  # datatrove's URL dedup is a separate multi-stage job
+    "exact_dedup": None,  # datatrove: exact-substring dedup is a separate job, not per document
+    "langid": "langid",
+    "gopher_repetition": "gopher_repetition",
+    "gopher_quality": "gopher_quality",
+    "pii": "pii",  # PIIFormatter: e-mails and IP addresses replaced
+    "contamination": None,  # datatrove's decontamination downloads benchmark sets at run time
+    # "url_filter": "url_filter",
+    # "c4_quality": "c4_quality",
+    # "fineweb_quality": "fineweb_quality",
+    # "toxicity_words": None,  # C4BadWordsFilter downloads its word lists at run time
+}
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,7 +62,24 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--cpu", default="0", help="core(s) both pipelines are pinned to (taskset -c)")
     p.add_argument("--skip-datatrove", action="store_true")
+    p.add_argument("--steps", default=None,
+                   help="comma-separated lmforge pipeline steps (default: lmforge's default pipeline); datatrove "
+                        "runs the equivalent blocks of STEP_TABLE")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra lmforge config override, e.g. steps.langid.sample_chars=0 (repeatable)")
     return p.parse_args()
+
+
+def pipelines(steps: str | None) -> tuple[list[str], list[str], list[str]]:
+    """(lmforge steps, datatrove blocks, lmforge steps without a datatrove equivalent)."""
+    from lmforge.dataprep.step_registry import DEFAULT_PIPELINE
+
+    lmforge = steps.split(",") if steps else list(DEFAULT_PIPELINE)
+    missing = [step for step in lmforge if step not in STEP_TABLE]
+    if missing:
+        sys.exit(f"no datatrove equivalent known for {missing}: add a row to STEP_TABLE in {__file__}")
+    datatrove = [STEP_TABLE[step] for step in lmforge if STEP_TABLE[step]]
+    return lmforge, datatrove, [step for step in lmforge if not STEP_TABLE[step]]
 
 
 def uncompressed_size(path: Path) -> int:
@@ -67,15 +105,21 @@ def pinned(cpu: str, command: list[str]) -> list[str]:
     return ["taskset", "-c", cpu, *command] if shutil.which("taskset") else command
 
 
-def run_timed(command: list[str], log_path: Path, env: dict | None = None) -> tuple[float, int]:
-    """(wall seconds, peak RSS of the largest child process in bytes)."""
-    started = time.perf_counter()
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_timed(command: list[str], log_path: Path, env: dict | None = None) -> tuple[float, int, float]:
+    """(wall seconds, peak RSS of the largest child process in bytes, CPU seconds of the command:
+    on a busy machine the steadier measure of work per core)."""
+    started, cpu_started = time.perf_counter(), _children_cpu_seconds()
     with open(log_path, "w") as log:
         proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"command failed ({proc.returncode}): {' '.join(command)}\nsee {log_path}")
-    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, _children_cpu_seconds() - cpu_started
 
 
 def train_tokenizer(args, out: Path) -> tuple[Path, float]:
@@ -93,35 +137,38 @@ def train_tokenizer(args, out: Path) -> tuple[Path, float]:
     return tokenizer, json.loads((target / "work" / "stats" / "global_tokenizer.json").read_text())["seconds"]
 
 
-def run_lmforge(args, wet: Path, out: Path, tokenizer: Path) -> dict:
+def run_lmforge(args, wet: Path, out: Path, tokenizer: Path, steps: list[str]) -> dict:
     target = out / "lmforge"
     shutil.rmtree(target, ignore_errors=True)
     command = pinned(args.cpu, [str(VENV_BIN / "lmforge-dataprep"), "run", "--input", str(wet), "--output",
-                                str(target), "--workers", "1", "--set", f"tokenizer.path={tokenizer}"])
+                                str(target), "--workers", "1", "--set", f"tokenizer.path={tokenizer}",
+                                "--set", f"pipeline=[{','.join(steps)}]",
+                                *(arg for override in args.overrides for arg in ("--set", override))])
     env = {**os.environ, "RAYON_NUM_THREADS": "1"}
-    wall, peak = run_timed(command, out / "lmforge.log", env)
+    wall, peak, cpu = run_timed(command, out / "lmforge.log", env)
     report = json.loads((target / "report.json").read_text())
     import pyarrow.parquet as pq
 
     kept_urls = set()
     for path in (target / "lineage").glob("*.parquet"):
         kept_urls.update(pq.read_table(path, columns=["url"]).column("url").to_pylist())
-    return {"wall_seconds": wall, "peak_rss_bytes": peak, "report": report, "kept_urls": kept_urls,
-            "tokenizer": target / "tokenizer.json"}
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "peak_rss_bytes": peak, "report": report,
+            "kept_urls": kept_urls, "tokenizer": target / "tokenizer.json"}
 
 
-def run_datatrove(args, wet: Path, out: Path, tokenizer: Path) -> dict:
+def run_datatrove(args, wet: Path, out: Path, tokenizer: Path, blocks: list[str]) -> dict:
     subprocess.run(["bash", str(REPO / "bench" / "setup_datatrove_venv.sh")], check=True)
     work = out / "datatrove-work"
     shutil.rmtree(work, ignore_errors=True)
     result_path = out / "datatrove.json"
     command = pinned(args.cpu, [str(DATATROVE_PY), str(REPO / "bench" / "datatrove_baseline.py"), "--input",
                                 str(wet), "--tokenizer", str(tokenizer), "--workdir", str(work), "--tasks", "1",
-                                "--json-out", str(result_path)])
+                                "--json-out", str(result_path), "--filters", ",".join(blocks)])
     env = {**os.environ, "RAYON_NUM_THREADS": "1"}
-    wall, peak = run_timed(command, out / "datatrove.log", env)
+    wall, peak, cpu = run_timed(command, out / "datatrove.log", env)
     result = json.loads(result_path.read_text())
     result["wall_seconds"] = wall
+    result["cpu_seconds"] = cpu
     result["kept_urls"] = set(result.get("kept_urls", []))
     result["peak_rss_bytes"] = max(result.get("peak_rss_bytes") or 0, peak)
     return result
@@ -150,6 +197,7 @@ def main() -> None:
     args = parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    lm_steps, dt_blocks, lmforge_only = pipelines(args.steps)
     wet, truth = ensure_input(out, args.docs, args.seed)
     raw_bytes = uncompressed_size(wet)
     print(f"input: {wet.name}: {wet.stat().st_size / 1e6:.1f} MB gz, {raw_bytes / 1e6:.1f} MB WET, "
@@ -158,7 +206,9 @@ def main() -> None:
     tokenizer, train_seconds = train_tokenizer(args, out)
     print(f"tokenizer: {tokenizer} (vocab {args.vocab_size}; lmforge trained it in {train_seconds:.1f}s, "
           "outside both timed runs)", flush=True)
-    lm = run_lmforge(args, wet, out, tokenizer)
+    print(f"per-document steps: lmforge {lm_steps}; datatrove {dt_blocks}; lmforge only: {lmforge_only}",
+          flush=True)
+    lm = run_lmforge(args, wet, out, tokenizer, lm_steps)
     report = lm["report"]
     print("\nlmforge (1 core)")
     print(f"{'stage':20s} {'docs in':>9s} {'docs out':>9s} {'seconds':>8s} {'docs/s':>9s} {'MB/s':>7s}")
@@ -166,9 +216,11 @@ def main() -> None:
         print(f"{stage['name']:20s} {stage['docs_in']:9d} {stage['docs_out']:9d} {stage['worker_seconds']:8.2f} "
               f"{stage['docs_per_worker_second']:9.0f} {stage['text_mb_per_worker_second'] or 0:7.2f}")
     lm_e2e = raw_bytes / 1e6 / lm["wall_seconds"]
+    lm_cpu = raw_bytes / 1e6 / lm["cpu_seconds"]
     worker_rss = max(w["peak_rss_bytes"] for w in report["workers"] if w["task"] != "main process")
     print(f"{'end to end':20s} {report['inputs']['records']:9d} {report['totals']['kept_docs']:9d} "
           f"{lm['wall_seconds']:8.2f} {report['inputs']['records'] / lm['wall_seconds']:9.0f} {lm_e2e:7.2f}")
+    print(f"CPU: {lm['cpu_seconds']:.2f} s, {lm_cpu:.2f} MB per CPU second")
     print(f"peak RSS per worker: {worker_rss / 2**20:.0f} MiB; whole run: {lm['peak_rss_bytes'] / 2**20:.0f} MiB")
     lm_quality = dedup_quality(truth, lm["kept_urls"])
     print(f"dedup quality: {lm_quality}")
@@ -177,14 +229,18 @@ def main() -> None:
                           "cores_used": len(args.cpu.split(","))},
               "input": {"path": wet.name, "gz_bytes": wet.stat().st_size, "wet_bytes": raw_bytes,
                         "records": len(truth["records"])},
+              "steps": {"lmforge": lm_steps, "datatrove": dt_blocks, "lmforge_only": lmforge_only,
+                        "lmforge_overrides": args.overrides},
               "lmforge": {"wall_seconds": round(lm["wall_seconds"], 2), "mb_per_second": round(lm_e2e, 3),
+                          "cpu_seconds": round(lm["cpu_seconds"], 2), "mb_per_cpu_second": round(lm_cpu, 3),
                           "docs_per_second": round(report["inputs"]["records"] / lm["wall_seconds"], 1),
                           "peak_rss_per_worker_bytes": worker_rss, "peak_rss_bytes": lm["peak_rss_bytes"],
                           "output_tokens": report["totals"]["output_tokens"], "stages": report["stages"],
                           "dedup_quality": lm_quality, "tokenizer_train_seconds": train_seconds}}
     if not args.skip_datatrove:
-        dt = run_datatrove(args, wet, out, tokenizer)
+        dt = run_datatrove(args, wet, out, tokenizer, dt_blocks)
         dt_e2e = raw_bytes / 1e6 / dt["wall_seconds"]
+        dt_cpu = raw_bytes / 1e6 / dt["cpu_seconds"]
         print("\ndatatrove (1 core)")
         for stage in dt["stages"]:
             rate = stage["docs_in"] / stage["seconds"] if stage["seconds"] else 0
@@ -192,16 +248,20 @@ def main() -> None:
                   f"{rate:9.0f}")
         print(f"{'end to end':20s} {'':9s} {'':9s} {dt['wall_seconds']:8.2f} "
               f"{len(truth['records']) / dt['wall_seconds']:9.0f} {dt_e2e:7.2f}")
+        print(f"CPU: {dt['cpu_seconds']:.2f} s, {dt_cpu:.2f} MB per CPU second")
         print(f"peak RSS: {dt['peak_rss_bytes'] / 2**20:.0f} MiB")
         dt_quality = dedup_quality(truth, dt["kept_urls"])
         print(f"dedup quality: {dt_quality}")
         speedup = lm_e2e / dt_e2e
-        print(f"\nlmforge / datatrove end-to-end throughput per core: {speedup:.2f}x")
+        print(f"\nlmforge / datatrove end-to-end throughput per core: {speedup:.2f}x "
+              f"(per CPU second: {lm_cpu / dt_cpu:.2f}x)")
         result["datatrove"] = {"version": dt.get("datatrove_version"), "wall_seconds": round(dt["wall_seconds"], 2),
                                "mb_per_second": round(dt_e2e, 3), "peak_rss_bytes": dt["peak_rss_bytes"],
+                               "cpu_seconds": round(dt["cpu_seconds"], 2), "mb_per_cpu_second": round(dt_cpu, 3),
                                "output_tokens": dt.get("output_tokens"), "stages": dt["stages"],
                                "dedup_quality": dt_quality}
         result["speedup"] = round(speedup, 3)
+        result["speedup_per_cpu_second"] = round(lm_cpu / dt_cpu, 3)
     (out / "dataprep-bench.json").write_text(json.dumps(result, indent=1, default=str))
     print(f"\nresults: {out / 'dataprep-bench.json'}")
 

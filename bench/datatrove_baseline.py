@@ -13,8 +13,8 @@ Must run with the interpreter of the venv built by bench/setup_datatrove_venv.sh
 Stages (each one a LocalPipelineExecutor run with `tasks` tasks and `workers` workers,
 timed with a wall clock):
 
-    filter             WarcReader -> LanguageFilter(en, 0.65) -> GopherRepetitionFilter
-                       -> GopherQualityFilter -> JsonlWriter(filtered/)
+    filter             WarcReader -> the --filters blocks (default: LanguageFilter(en, 0.65)
+                       -> GopherRepetitionFilter -> GopherQualityFilter) -> JsonlWriter(filtered/)
     minhash_signature  JsonlReader(filtered/) -> MinhashDedupSignature
     minhash_buckets    MinhashDedupBuckets           (tasks x num_buckets tasks)
     minhash_cluster    MinhashDedupCluster           (always 1 task)
@@ -63,6 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="threads for the Rust tokenizer's encode_batch (1 = TOKENIZERS_PARALLELISM=false)",
     )
+    p.add_argument(
+        "--filters",
+        default="langid,gopher_repetition,gopher_quality",
+        help=f"comma-separated blocks of the filter stage, in order (of: {', '.join(DATATROVE_STEPS)})",
+    )
     p.add_argument("--languages", default="en", help="comma-separated languages LanguageFilter keeps")
     p.add_argument("--language-threshold", type=float, default=0.65)
     p.add_argument(
@@ -103,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.tasks, args.workers, args.threads, args.tokenizer_batch_size) < 1:
         p.error("--tasks, --workers, --threads and --tokenizer-batch-size must be >= 1")
+    unknown = [name for name in args.filters.split(",") if name and name not in DATATROVE_STEPS]
+    if unknown:
+        p.error(f"--filters: unknown {unknown}; known: {', '.join(DATATROVE_STEPS)}")
     return args
 
 
@@ -144,10 +152,14 @@ from datatrove.pipeline.dedup import (  # noqa: E402
 )
 from datatrove.pipeline.dedup.minhash import MinhashConfig  # noqa: E402
 from datatrove.pipeline.filters import (  # noqa: E402
+    C4QualityFilter,
+    FineWebQualityFilter,
     GopherQualityFilter,
     GopherRepetitionFilter,
     LanguageFilter,
+    URLFilter,
 )
+from datatrove.pipeline.formatters import PIIFormatter  # noqa: E402
 from datatrove.pipeline.readers import JsonlReader, WarcReader  # noqa: E402
 from datatrove.pipeline.tokens import DocumentTokenizer  # noqa: E402
 from datatrove.pipeline.writers import JsonlWriter  # noqa: E402
@@ -195,6 +207,33 @@ class OfflineLanguageFilter(LanguageFilter):
     def __init__(self, model_path: str, **kwargs) -> None:
         super().__init__(backend="ft176", **kwargs)
         self.model = LocalFT176LID(model_path, self.languages)
+
+
+def offline_url_filter() -> URLFilter:
+    """URLFilter with its integrated block lists (shipped in the wheel) and tldextract's bundled
+    public-suffix snapshot instead of fetching the list."""
+    from tldextract import TLDExtract
+
+    block = URLFilter()
+    block.tldextractor = TLDExtract(suffix_list_urls=())
+    return block
+
+
+# --filters name -> the block (lmforge's step of the same name is the equivalent, see STEP_TABLE in
+# bench/dataprep_bench.py); each builder gets the parsed arguments and the lid model path
+DATATROVE_STEPS = {
+    "langid": lambda args, lid_model: OfflineLanguageFilter(
+        lid_model,
+        languages=[x.strip() for x in args.languages.split(",") if x.strip()],
+        language_threshold=args.language_threshold,
+    ),
+    "gopher_repetition": lambda args, lid_model: GopherRepetitionFilter(),
+    "gopher_quality": lambda args, lid_model: GopherQualityFilter(),
+    "pii": lambda args, lid_model: PIIFormatter(),
+    "url_filter": lambda args, lid_model: offline_url_filter(),
+    "c4_quality": lambda args, lid_model: C4QualityFilter(),
+    "fineweb_quality": lambda args, lid_model: FineWebQualityFilter(),
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,12 +417,7 @@ def main(args: argparse.Namespace) -> int:
             "filter",
             [
                 ("read", WarcReader(root, paths_file=str(paths_file), compression="infer")),
-                (
-                    "langid",
-                    OfflineLanguageFilter(lid_model, languages=languages, language_threshold=args.language_threshold),
-                ),
-                ("gopher_repetition", GopherRepetitionFilter()),
-                ("gopher_quality", GopherQualityFilter()),
+                *((name, DATATROVE_STEPS[name](args, lid_model)) for name in args.filters.split(",") if name),
                 ("write", JsonlWriter(filtered, compression=compression)),
             ],
             tasks,
@@ -562,6 +596,7 @@ def main(args: argparse.Namespace) -> int:
             "tasks": tasks,
             "workers": workers,
             "threads": args.threads,
+            "filters": [name for name in args.filters.split(",") if name],
             "languages": languages,
             "language_threshold": args.language_threshold,
             "lid_model": lid_model,

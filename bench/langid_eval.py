@@ -7,9 +7,11 @@ documentation labeled by language.
 The labeled set is built by bench/debian_docs.py from Debian packages (apt-get download +
 dpkg -x, ~80 MB, reused from --workdir on later runs; the first run renders ~12,000 man
 pages, about 20 minutes on 2 vCPUs). Every document goes through lmforge's LanguageFilter
-twice, at the same model (lid.176.ftz) and threshold: `whole text` (langid.prose_lines=false,
-the filter as it was before) and `prose lines` (the default: the whole text, identified again
-on its prose lines when it scores under the threshold). Printed: per language, the
+once per method, at the same model (lid.176.ftz) and threshold: `whole_text`
+(langid.prose_lines=false, sample_chars=0: the filter as it first was), `prose_lines`
+(sample_chars=0: the whole text, identified again on its prose lines when it scores under the
+threshold) and `sample_<n>` for each --sample-chars value (the first n characters of the prose
+lines; the default). CPU seconds of the filter per method are printed too. Printed: per language, the
 documents kept as English by each; for English, the documents lost; for the translated
 packages' mixed and untranslated pages (not scored), the same counts apart. English "clean"
 pages are those both of lmforge's Gopher filters keep.
@@ -35,17 +37,23 @@ from lmforge.dataprep.document import Document  # noqa: E402
 from lmforge.dataprep.steps.langid import LangIdConfig, LanguageFilter  # noqa: E402
 from lmforge.dataprep.steps.quality import GopherQualityFilter, GopherRepetitionFilter  # noqa: E402
 
-METHODS = {"whole_text": LangIdConfig(prose_lines=False), "prose_lines": LangIdConfig()}
+# the filter before sampling (whole text, prose lines when unsure), then the sampled identification
+METHODS = {"whole_text": LangIdConfig(prose_lines=False, sample_chars=0),
+           "prose_lines": LangIdConfig(sample_chars=0)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="/tmp/lmforge-langid", help="Debian packages and extracted text (reused)")
     p.add_argument("--json-out", default=str(HERE / "out" / "langid_eval.json"))
+    p.add_argument("--sample-chars", default=str(LangIdConfig().sample_chars),
+                   help="comma-separated langid.sample_chars values to measure (the default's is the filter's)")
     return p.parse_args(argv)
 
 
 def main(args: argparse.Namespace) -> int:
+    for size in map(int, args.sample_chars.split(",")):
+        METHODS[f"sample_{size}"] = LangIdConfig(sample_chars=size)
     docs, meta = build_corpus(Path(args.workdir))
     steps = {name: LanguageFilter(config) for name, config in METHODS.items()}
     quality, repetition = GopherQualityFilter(), GopherRepetitionFilter()
@@ -66,9 +74,9 @@ def main(args: argparse.Namespace) -> int:
             keys.append("non-English")
         for name, step in steps.items():
             item = Document(0, doc.doc_id, doc.text)
-            started = time.perf_counter()
+            started = time.process_time()
             kept = step.filter(item)[0]
-            seconds[name] += time.perf_counter() - started
+            seconds[name] += time.process_time() - started
             for key in keys:
                 groups[key][name]["documents"] += 1
                 groups[key][name]["english"] += kept
@@ -103,14 +111,14 @@ def main(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
 
-    print("| documents | n | whole text (langid.prose_lines=false) | then prose lines when unsure (default) |")
-    print("|---|---|---|---|")
+    print("| documents | n | " + " | ".join(METHODS) + " |")
+    print("|---|---|" + "---|" * len(METHODS))
     for key, row in rows.items():
         what = "lost" if key.startswith("en") else "kept as English"
         cells = " | ".join(f"{row[name]:,} ({100 * row[f'{name}_share']:.1f}%)" for name in METHODS)
         print(f"| {key}: {what} | {row['documents']:,} | {cells} |")
     n_docs = len(docs)
-    print("LanguageFilter seconds per 1,000 documents: "
+    print("LanguageFilter CPU seconds per 1,000 documents: "
           + ", ".join(f"{name} {1000 * seconds[name] / n_docs:.2f}" for name in METHODS))
     print(f"details: {out}", file=sys.stderr)
     return 0

@@ -6,7 +6,7 @@ import pytest
 
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.steps.langid import LangIdConfig, LanguageFilter, prose_text
+from lmforge.dataprep.steps.langid import LangIdConfig, LanguageFilter, prose_sample, prose_text
 from lmforge.dataprep.steps.reader import WetReader
 
 # Whole documentation pages from Debian packages (sources and licenses: doc_excerpts/SOURCES.md)
@@ -64,14 +64,19 @@ def test_threshold_drops_low_confidence():
 
 
 def test_real_common_crawl_record(fixtures_dir):
-    # An Aragonese Wikipedia page; Common Crawl's own identifier says "spa" and so does lid.176.
+    # An Aragonese Wikipedia page that opens with Spanish menus; Common Crawl's own identifier says "spa"
+    # and so does lid.176, on the first 2,000 characters as on the whole text, with low confidence.
     docs = list(WetReader().read(str(fixtures_dir / "whirlwind.warc.wet.gz"), 0))
     step = LanguageFilter()
     assert list(step.run(docs)) == []
     assert step.stats.dropped == {"language_not_kept": 1}
     assert docs[0].metadata["language"] == "es"
-    assert docs[0].metadata["language_score"] < 0.65  # a low-confidence call, so the threshold matters
-    assert list(LanguageFilter(LangIdConfig(languages=["es"], threshold=0.5)).run(docs)) == docs
+    assert docs[0].metadata["language_score"] < 0.7  # a low-confidence call, so the threshold matters
+    strict = LanguageFilter(LangIdConfig(languages=["es"], threshold=0.7))
+    assert list(strict.run(docs)) == [] and strict.stats.dropped == {"language_score_too_low": 1}
+    assert list(LanguageFilter(LangIdConfig(languages=["es"], threshold=0.6)).run(docs)) == docs
+    whole_text = LanguageFilter(LangIdConfig(languages=["es"], sample_chars=0))
+    assert whole_text.identify(docs[0].text)[1] < 0.6
 
 
 def test_missing_model_is_a_config_error(tmp_path):
@@ -120,21 +125,46 @@ def test_prose_lines_are_the_sentences_not_the_code():
     assert "size_t" not in japanese
 
 
-def test_the_prose_lines_decide_only_when_the_whole_text_is_unsure():
-    step = LanguageFilter()
+def test_unbounded_the_prose_lines_decide_only_when_the_whole_text_is_unsure():
+    step = LanguageFilter(LangIdConfig(sample_chars=0))
     page = (EXCERPTS / "en_sql_update_tutorial.txt").read_text(encoding="utf-8")
     whole, prose = step.predict(page), step.predict(prose_text(page))
     assert whole[1] < 0.65 <= prose[1]
     assert step.identify(page) == prose
-    assert LanguageFilter(LangIdConfig(threshold=whole[1])).identify(page) == whole  # sure enough
-    assert LanguageFilter(LangIdConfig(prose_lines=False)).identify(page) == whole
+    assert LanguageFilter(LangIdConfig(threshold=whole[1], sample_chars=0)).identify(page) == whole  # sure enough
+    assert LanguageFilter(LangIdConfig(prose_lines=False, sample_chars=0)).identify(page) == whole
 
 
-def test_a_page_with_too_little_prose_is_identified_whole():
+def test_unbounded_a_page_with_too_little_prose_is_identified_whole():
     page = (EXCERPTS / "en_sql_update_tutorial.txt").read_text(encoding="utf-8")
-    step = LanguageFilter(LangIdConfig(min_prose_chars=len(prose_text(page)) + 1))
+    step = LanguageFilter(LangIdConfig(min_prose_chars=len(prose_text(page)) + 1, sample_chars=0))
     assert step.identify(page) == step.predict(page)
     code_only = "\n".join(line for line in page.splitlines() if line.strip() not in prose_text(page))
     assert len(prose_text(code_only)) < LangIdConfig().min_prose_chars
     assert step.predict(code_only)[1] < 0.65  # unsure, and no prose to retry on
-    assert LanguageFilter().identify(code_only) == step.predict(code_only)
+    assert LanguageFilter(LangIdConfig(sample_chars=0)).identify(code_only) == step.predict(code_only)
+
+
+def test_the_sample_is_the_first_sentences_not_the_code():
+    page = (EXCERPTS / "en_sql_update_tutorial.txt").read_text(encoding="utf-8")
+    sample = prose_sample(page, 300)
+    assert sample.startswith("You can update existing rows using the UPDATE command.")
+    assert len(sample) <= 300 and sample in prose_text(page)  # not the heading "Chapter 2. The SQL Language"
+    step = LanguageFilter()
+    assert step.identify(page) == step.predict(prose_sample(page, LangIdConfig().sample_chars))
+    assert step.identify(page)[0] == "en" and step.identify(page)[1] >= 0.65
+
+
+def test_only_a_bounded_head_of_the_text_is_read():
+    english = REAL_TEXT["en"] + "\n"
+    french = REAL_TEXT["fr"] + "\n"
+    step = LanguageFilter(LangIdConfig(sample_chars=200))
+    # the language of the first sentences decides, however much of the rest is in another language
+    assert step.identify(english * 2 + french * 5000)[0] == "en"
+    # prose further than 16 samples into the text is not read: a page that opens with a long code
+    # block is identified on its first characters, as one without prose
+    code = "".join(f"x{i} = compute(x{i - 1}, 0x{i:04x});\n" for i in range(1, 200))
+    assert len(code) > 16 * 200 and prose_sample(code + english * 3, 200) == ""
+    assert step.identify(code + english * 3) == step.predict(code[:200])
+    short_code = "".join(code.splitlines(keepends=True)[:30])
+    assert prose_sample(short_code + english * 3, 200).startswith("It was the best of times")

@@ -1,14 +1,18 @@
 """Gopher quality and repetition filters (Rae et al. 2021, Appendix A, Table A1).
 
-Both run on every document of a crawl, so each splits the text into words once (on
-whitespace), works on whole-text C-level operations (str.count, compiled regexes, set and
-Counter construction) rather than per-character Python loops, and checks the cheap rules first.
+Both run on every document of a crawl, so each splits the text into words once, works on
+whole-text C-level operations (str.count, compiled regexes, set and Counter construction)
+rather than per-character Python loops, and checks the cheap rules first.
 
-Words are whitespace-separated tokens, punctuation attached ("end." is one word).
+Words are whitespace-separated tokens, punctuation attached ("end." is one word), except in
+the languages written without spaces (Chinese, Japanese), where each CJK character is a word:
+the document's language (doc.metadata["language"], from the langid step) picks the word
+splitting and the quality rules' per-language defaults (steps/languages.py).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -17,10 +21,32 @@ from operator import ne
 
 from pydantic import Field, model_validator
 
+from lmforge.common.config import StrictModel
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.pipeline import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings
+from lmforge.dataprep.steps.languages import LANGUAGE_DEFAULTS, WordSplit, default_word_split, split_words
+
+_PER_LANGUAGE_FIELDS = ("word_split", "min_doc_words", "max_doc_words", "min_avg_word_length",
+                        "max_avg_word_length", "min_alpha_words_ratio", "min_stop_words", "min_stop_word_ratio",
+                        "stop_words")
+
+
+class GopherLanguageRules(StrictModel):
+    """The quality rules of one language; a field left out keeps the language's built-in default
+    (steps/languages.py) or else the filter's own setting."""
+
+    word_split: WordSplit | None = Field(
+        None, description="whitespace: whitespace-separated words; cjk_chars: each CJK character is a word")
+    min_doc_words: int | None = Field(None, ge=0)
+    max_doc_words: int | None = Field(None, ge=1)
+    min_avg_word_length: float | None = Field(None, ge=0)
+    max_avg_word_length: float | None = Field(None, ge=0)
+    min_alpha_words_ratio: float | None = Field(None, ge=0, le=1)
+    min_stop_words: int | None = Field(None, ge=0)
+    min_stop_word_ratio: float | None = Field(None, ge=0, le=1)
+    stop_words: list[str] | None = None
 
 
 class GopherQualityConfig(StepSettings):
@@ -33,15 +59,39 @@ class GopherQualityConfig(StepSettings):
     max_ellipsis_lines_ratio: float = Field(0.3, ge=0, le=1)
     min_alpha_words_ratio: float = Field(0.8, ge=0, le=1, description="share of words with an alphabetic character")
     min_stop_words: int = Field(2, ge=0)
+    min_stop_word_ratio: float = Field(
+        0.0, ge=0, le=1,
+        description="stop-word occurrences per word, at least (0 = off, as in the paper; zh and ja count stop "
+                    "words inside character runs, where a density tells prose from menus)")
     stop_words: list[str] = Field(default_factory=lambda: ["the", "be", "to", "of", "and", "that", "have", "with"])
+    word_split: WordSplit = Field(
+        "whitespace", description="word splitting of the languages without rules of their own (steps/languages.py)")
+    per_language: dict[str, GopherLanguageRules] = Field(
+        default_factory=dict,
+        description="rules of a language (lid.176 label, e.g. zh), over its built-in defaults (de, fr, es, it, pt, "
+                    "nl, ru: stop words; zh, ja: CJK characters as words, stop words and word bounds: the table in "
+                    "steps/languages.py; after FineWeb-2's per-language Gopher rules); the settings above are the "
+                    "paper's English rules and apply to every language without rules")
 
     @model_validator(mode="after")
     def _ranges(self) -> GopherQualityConfig:
-        if self.min_doc_words > self.max_doc_words:
-            raise ValueError("min_doc_words must not exceed max_doc_words")
-        if self.min_avg_word_length > self.max_avg_word_length:
-            raise ValueError("min_avg_word_length must not exceed max_avg_word_length")
+        for language in (None, *sorted(set(LANGUAGE_DEFAULTS) | set(self.per_language))):
+            rules = self.for_language(language) if language else self
+            where = f"per_language.{language}: " if language else ""
+            if rules.min_doc_words > rules.max_doc_words:
+                raise ValueError(f"{where}min_doc_words must not exceed max_doc_words")
+            if rules.min_avg_word_length > rules.max_avg_word_length:
+                raise ValueError(f"{where}min_avg_word_length must not exceed max_avg_word_length")
         return self
+
+    def for_language(self, language: str | None) -> GopherQualityConfig:
+        """These settings with the built-in defaults and then `per_language` of `language` applied."""
+        update = dict(LANGUAGE_DEFAULTS.get(language or "", {}))
+        if language in self.per_language:
+            update.update(self.per_language[language].model_dump(exclude_none=True))
+        if not update:
+            return self
+        return self.model_copy(update={key: update[key] for key in _PER_LANGUAGE_FIELDS if key in update})
 
 
 class GopherRepetitionConfig(StepSettings):
@@ -55,11 +105,21 @@ class GopherRepetitionConfig(StepSettings):
     dup_ngram_max_char_ratio: dict[int, float] = Field(
         default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
     )
+    word_split: dict[str, WordSplit] = Field(
+        default_factory=dict,
+        description="word splitting of the n-gram rules per language (lid.176 label), over the built-in "
+                    "(zh, ja: each CJK character is a word; any other: whitespace), as the quality filter's")
+    cjk_chars_per_word: int = Field(
+        2, ge=1,
+        description="where words are CJK characters, an n-gram of the n-gram rules spans n x this many characters "
+                    "(a Chinese or Japanese word is about two characters; measured on Japanese man pages, n-grams "
+                    "of single characters dropped 36% on dup_5gram_char_ratio, against 3% of English man pages)")
 
 
 # a whitespace-delimited token without a letter ("2024", "-", "|", "$5"), in text padded with spaces
 _NON_ALPHA_TOKEN = re.compile(r"\s((?:[^\w\s]|[\d_])+)(?=\s)")
 _WORD_CHAR = re.compile(r"\w")
+_NOT_ALPHA_WORD = re.compile(r"(?:[^\w]|[\d_])+")  # a token without a letter
 _BULLETS = ("•", "‣", "○", "◦", "●", "▪", "■", "□", "►", "▶", "➢", "➤", "⁃", "∙", "·", "-", "–", "—", "*")
 _ELLIPSES = ("...", "…")
 _WORD_EDGE_CHARS = string.punctuation + "“”‘’«»„…–—"
@@ -84,7 +144,15 @@ class GopherQualityFilter(BaseFilter):
       alphabetic character". datatrove divides by spaCy tokens, every punctuation mark one,
       and drops most documentation pages on this rule (docs/benchmarks.md);
     - `too_few_stop_words`: occurrences of stop words (case-insensitive, surrounding
-      punctuation ignored) below min_stop_words.
+      punctuation ignored) below min_stop_words, or below min_stop_word_ratio per word.
+
+    Per language (doc.metadata["language"], set by the langid step): the settings are the
+    paper's English rules, overridden for a language by its built-in defaults
+    (steps/languages.py: stop words of de, fr, es, it, pt, nl, ru; for zh and ja each CJK
+    character is a word, with word bounds to match) and then by `per_language.<lang>`; a
+    document of another language, or with no language, gets the settings as they are. With
+    CJK characters as words, punctuation marks are not words, the alphabetic-word share is
+    over words, and stop words are counted as substrings of the text.
     """
 
     type_name = "gopher_quality"
@@ -93,16 +161,18 @@ class GopherQualityFilter(BaseFilter):
     def __init__(self, config: GopherQualityConfig | None = None, name: str | None = None) -> None:
         super().__init__(name)
         self.config = config or GopherQualityConfig()
-        stop_words = {word.lower() for word in self.config.stop_words}
-        self._stop_words = frozenset(stop_words)
-        # exact tokens that certainly are stop words: matching them is a cheap lower bound on the count
-        self._stop_word_forms = frozenset(
-            form for word in stop_words for form in (word, word.capitalize(), word.upper())
-        )
+        self._default_rules = _LanguageRules(self.config)
+        self._rules = {language: _LanguageRules(self.config.for_language(language))
+                       for language in set(LANGUAGE_DEFAULTS) | set(self.config.per_language)}
 
     def filter(self, doc: Document) -> tuple[bool, str | None]:
-        cfg = self.config
-        text = doc.text
+        rules = self._rules.get(doc.metadata.get("language"), self._default_rules)
+        if rules.config.word_split == "whitespace":
+            return self._filter_whitespace_words(doc.text, rules)
+        return self._filter_cjk_chars(doc.text, rules)
+
+    def _filter_whitespace_words(self, text: str, rules: _LanguageRules) -> tuple[bool, str | None]:
+        cfg = rules.config
         tokens = text.split()
         n_tokens = len(tokens)
         # tokens without a letter are rare in prose: one regex pass finds them, and the
@@ -137,17 +207,60 @@ class GopherQualityFilter(BaseFilter):
         if n_tokens - len(non_alpha_tokens) < cfg.min_alpha_words_ratio * n_tokens:
             return False, "too_few_alpha_words"
 
-        if not self._has_stop_words(tokens, cfg.min_stop_words):
+        if not rules.has_stop_words(tokens, max(cfg.min_stop_words, math.ceil(cfg.min_stop_word_ratio * n_words))):
             return False, "too_few_stop_words"
         return True, None
 
-    def _has_stop_words(self, tokens: list[str], need: int) -> bool:
+    def _filter_cjk_chars(self, text: str, rules: _LanguageRules) -> tuple[bool, str | None]:
+        """The same rules with each CJK character a word; punctuation marks ("，", "。") are tokens
+        of their own, not words, so the alphabetic-word share is over words, not tokens."""
+        cfg = rules.config
+        words = [token for token in split_words(text, "cjk_chars") if _WORD_CHAR.search(token)]
+        n_words = len(words)
+        if n_words < cfg.min_doc_words or n_words == 0:
+            return False, "too_few_words"
+        if n_words > cfg.max_doc_words:
+            return False, "too_many_words"
+        avg_word_length = sum(map(len, words)) / n_words
+        if avg_word_length < cfg.min_avg_word_length:
+            return False, "avg_word_length_too_short"
+        if avg_word_length > cfg.max_avg_word_length:
+            return False, "avg_word_length_too_long"
+        n_ellipses = text.count("...") + text.count("…")
+        max_symbols = cfg.max_symbol_word_ratio * n_words
+        if text.count("#") > max_symbols or n_ellipses > max_symbols:
+            return False, "too_many_symbols"
+        lines = [line for line in map(str.strip, text.splitlines()) if line]
+        n_lines = len(lines)
+        if sum(1 for line in lines if line.startswith(_BULLETS)) > cfg.max_bullet_lines_ratio * n_lines:
+            return False, "too_many_bullet_lines"
+        if n_ellipses and sum(1 for line in lines if line.endswith(_ELLIPSES)) > cfg.max_ellipsis_lines_ratio * n_lines:
+            return False, "too_many_ellipsis_lines"
+        if sum(1 for word in words if _NOT_ALPHA_WORD.fullmatch(word)) > (1 - cfg.min_alpha_words_ratio) * n_words:
+            return False, "too_few_alpha_words"
+        if sum(map(text.count, rules.stop_words)) < max(cfg.min_stop_words, cfg.min_stop_word_ratio * n_words):
+            return False, "too_few_stop_words"
+        return True, None
+
+
+class _LanguageRules:
+    """One language's quality settings and its stop-word sets."""
+
+    def __init__(self, config: GopherQualityConfig) -> None:
+        self.config = config
+        self.stop_words = frozenset(word.lower() for word in config.stop_words)
+        # exact tokens that certainly are stop words: matching them is a cheap lower bound on the count
+        self._stop_word_forms = frozenset(
+            form for word in self.stop_words for form in (word, word.capitalize(), word.upper())
+        )
+
+    def has_stop_words(self, tokens: list[str], need: int) -> bool:
         if need <= 0:
             return True
         # the exact forms ("the", "The") settle almost every prose document within its first sentences
         if next(islice(filter(self._stop_word_forms.__contains__, tokens), need - 1, None), None) is not None:
             return True
-        stop_words = self._stop_words
+        stop_words = self.stop_words
         return sum(1 for token in tokens if token.strip(_WORD_EDGE_CHARS).lower() in stop_words) >= need
 
 
@@ -155,7 +268,8 @@ class GopherRepetitionFilter(BaseFilter):
     """Drops documents with too much repeated content.
 
     Lines are the non-blank lines, paragraphs the blocks between blank lines (both
-    stripped); words are whitespace-separated tokens, n-grams runs of n words. A duplicate
+    stripped); words are whitespace-separated tokens (in zh and ja, CJK characters: the
+    quality filter's word splitting, steps/languages.py), n-grams runs of n words. A duplicate
     is an element equal to an earlier one: the first occurrence of a repeated line,
     paragraph or n-gram is not a duplicate, its repeats are. Every character ratio is over
     the document's characters (`len(text)`); an n-gram's characters are its words'.
@@ -181,7 +295,14 @@ class GopherRepetitionFilter(BaseFilter):
         bad = [n for n, _ in self._top_ngram_limits + self._dup_ngram_limits if n < 1]
         if bad:
             raise ConfigError(f"repetition n-gram sizes must be at least 1, got {bad}")
-        self._counts_single_words = any(n == 1 for n, _ in self._top_ngram_limits + self._dup_ngram_limits)
+        self._word_split = self.config.word_split
+        # (n-gram size in words, max ratio, the n its reason names), per word splitting: in CJK text an
+        # n-gram of n words is one of n x cjk_chars_per_word characters
+        self._limits = {
+            word_split: ([(n * scale, r, n) for n, r in self._top_ngram_limits],
+                         [(n * scale, r, n) for n, r in self._dup_ngram_limits])
+            for word_split, scale in (("whitespace", 1), ("cjk_chars", self.config.cjk_chars_per_word))
+        }
 
     def filter(self, doc: Document) -> tuple[bool, str | None]:
         cfg = self.config
@@ -201,31 +322,36 @@ class GopherRepetitionFilter(BaseFilter):
             return False, "dup_line_char_ratio"
         if dup_para_chars > cfg.max_dup_para_char_ratio * total_chars:
             return False, "dup_para_char_ratio"
-        return self._check_ngrams(text.split(), total_chars)
+        language = doc.metadata.get("language")
+        word_split = self._word_split.get(language) or default_word_split(language)
+        top_limits, dup_limits = self._limits[word_split]
+        return self._check_ngrams(split_words(text, word_split), total_chars, top_limits, dup_limits)
 
-    def _check_ngrams(self, words: list[str], total_chars: int) -> tuple[bool, str | None]:
+    @staticmethod
+    def _check_ngrams(words: list[str], total_chars: int, top_limits: list[tuple[int, float, int]],
+                      dup_limits: list[tuple[int, float, int]]) -> tuple[bool, str | None]:
         if len(words) < 2:
             return True, None
         grams = _NgramIndex(words)
-        if not grams.any_pair_repeats and not self._counts_single_words:
+        if not grams.any_pair_repeats and not any(n == 1 for n, _, _ in top_limits + dup_limits):
             return True, None  # no repeated pair, so no repeated n-gram of any size n >= 2
         word_lengths = list(map(len, words))
 
-        if self._top_ngram_limits:
+        if top_limits:
             longest_word = max(word_lengths)
-            for n, max_ratio in self._top_ngram_limits:
+            for n, max_ratio, label in top_limits:
                 limit = max_ratio * total_chars
                 # occurrences x characters > limit needs more than limit / (n x the longest word) occurrences
                 min_count = max(2, int(limit / (n * longest_word)) + 1)
                 if grams.top_chars(n, min_count) > limit:
-                    return False, f"top_{n}gram_char_ratio"
+                    return False, f"top_{label}gram_char_ratio"
 
-        for n, max_ratio in self._dup_ngram_limits:
+        for n, max_ratio, label in dup_limits:
             starts = grams.duplicate_starts(n)
             if not starts:
                 break  # no n-gram repeats, so no longer one does either
             if _covered_chars(word_lengths, starts, n) > max_ratio * total_chars:
-                return False, f"dup_{n}gram_char_ratio"
+                return False, f"dup_{label}gram_char_ratio"
         return True, None
 
 
