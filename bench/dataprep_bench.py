@@ -37,8 +37,7 @@ DATATROVE_PY = REPO / "bench" / ".venv-datatrove" / "bin" / "python"
 # lmforge's per-document steps and datatrove's equivalent block (a key of DATATROVE_STEPS in
 # bench/datatrove_baseline.py), or None where datatrove has none: that step then runs on lmforge's
 # side only (extra work for lmforge, so the ratio errs against it). A step of the lmforge pipeline
-# without a row here stops the bench. datatrove_baseline.py also builds url_filter (URLFilter),
-# c4_quality (C4QualityFilter) and fineweb_quality (FineWebQualityFilter), for the rows below.
+# without a row here stops the bench.
 STEP_TABLE: dict[str, str | None] = {
     "url_dedup": None,  # datatrove's URL dedup is a separate multi-stage job
     "exact_dedup": None,  # datatrove: exact-substring dedup is a separate job, not per document
@@ -47,10 +46,10 @@ STEP_TABLE: dict[str, str | None] = {
     "gopher_quality": "gopher_quality",
     "pii": "pii",  # PIIFormatter: e-mails and IP addresses replaced
     "contamination": None,  # datatrove's decontamination downloads benchmark sets at run time
-    # "url_filter": "url_filter",
-    # "c4_quality": "c4_quality",
-    # "fineweb_quality": "fineweb_quality",
-    # "toxicity_words": None,  # C4BadWordsFilter downloads its word lists at run time
+    "url_filter": "url_filter",
+    "c4_quality": "c4_quality",
+    "fineweb_quality": "fineweb_quality",
+    "toxicity_words": None,  # C4BadWordsFilter downloads its word lists at run time
 }
 
 

@@ -231,7 +231,7 @@ DATATROVE_STEPS = {
     "gopher_quality": lambda args, lid_model: GopherQualityFilter(),
     "pii": lambda args, lid_model: PIIFormatter(),
     "url_filter": lambda args, lid_model: offline_url_filter(),
-    "c4_quality": lambda args, lid_model: C4QualityFilter(),
+    "c4_quality": lambda args, lid_model: C4QualityFilter(filter_no_terminal_punct=False),  # as FineWeb, lmforge
     "fineweb_quality": lambda args, lid_model: FineWebQualityFilter(),
 }
 
