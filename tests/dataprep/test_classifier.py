@@ -178,7 +178,7 @@ def test_examples_from_a_dataprep_output_and_s3(scored_run, examples, s3, tmp_pa
 
 
 @pytest.mark.parametrize("case, code, message", [
-    ("missing", 3, "cannot open input"),
+    ("missing", 3, "not found: "),
     ("one_label", 2, "at least two labels"),
     ("too_few", 3, "label 'cc' has 3 examples; at least 10"),
     ("not_json", 3, "spam.jsonl:2: not a JSON object"),

@@ -152,7 +152,7 @@ def test_train_ngram_reads_text_and_parquet_alike_and_names_a_missing_input(tmp_
     assert (tmp_path / "one.arpa").read_text() == (tmp_path / "two.arpa").read_text()
     capsys.readouterr()
     assert run_cli("train-ngram", "--input", tmp_path / "nope.jsonl", "--output", tmp_path / "x.arpa") == 3
-    assert capsys.readouterr().err.endswith(f"error: train-ngram: no such input file: {tmp_path / 'nope.jsonl'}\n")
+    assert capsys.readouterr().err.endswith(f"error: not found: {tmp_path / 'nope.jsonl'}\n")
 
 
 def test_config_errors(arpa, tmp_path):

@@ -15,8 +15,6 @@ examples in `<model>.heldout.jsonl` to check or inspect the model's mistakes).
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import multiprocessing
 import os
@@ -24,10 +22,10 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Literal, TextIO
 
@@ -35,14 +33,14 @@ from pydantic import Field
 
 from lmforge.common.config import StrictModel
 from lmforge.common.errors import ConfigError, InputError, LmforgeError
-from lmforge.common.storage import S3Location, open_input, open_store, scheme_of
-from lmforge.dataprep import layout
+from lmforge.common.storage import open_store
 from lmforge.dataprep.classifier_text import (
     DEFAULT_MAX_CHARS,
     LABEL_PREFIX,
     classifier_text,
     predict_probabilities,
 )
+from lmforge.dataprep.text_sources import read_texts
 
 DCLM = "DCLM (Li et al. 2024), baselines/train_fasttext_classifier.py"
 
@@ -91,73 +89,9 @@ class LabelMetrics:
 # ---------------------------------------------------------------- reading examples
 
 
-def _text_lines(uri: str) -> Iterator[str]:
-    raw = open_input(uri)
-    stream = gzip.GzipFile(fileobj=raw) if uri.endswith(".gz") else raw
-    with io.TextIOWrapper(stream, encoding="utf-8") as text:
-        yield from text
-
-
-def _jsonl_texts(uri: str, text_field: str) -> Iterator[str]:
-    try:
-        for number, line in enumerate(_text_lines(uri), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{uri}:{number}: not a JSON object: {exc.msg}") from None
-            value = row.get(text_field) if isinstance(row, dict) else None
-            if not isinstance(value, str):
-                raise InputError(f"{uri}:{number}: no text field {text_field!r} (set --text-field)")
-            yield value
-    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as exc:
-        raise InputError(f"{uri}: cannot read: {exc}") from None
-
-
-def _parquet_texts(store, rel: str) -> Iterator[str]:
-    from lmforge.dataprep.parquet_io import iter_batches
-
-    for batch in iter_batches(store, rel, columns=["text"]):
-        yield from (text for text in batch.column(0).to_pylist() if text)
-
-
-def _docs_parquet_files(uri: str) -> tuple[object, list[str]]:
-    """(store, relative paths) of a single Parquet file or of an output directory's docs Parquet files."""
-    if uri.endswith(".parquet"):
-        if scheme_of(uri) == "s3":
-            loc = S3Location.parse(uri)
-            parent, _, name = loc.key.rpartition("/")
-            return open_store(f"s3://{loc.bucket}/{parent}"), [name]
-        path = Path(uri)
-        if not path.is_file():
-            raise InputError(f"examples not found: {uri}")
-        return open_store(path.parent), [path.name]
-    if scheme_of(uri) != "s3" and not Path(uri).is_dir():
-        what = "not a .jsonl[.gz] or .parquet file" if Path(uri).exists() else "not found"
-        raise InputError(f"examples {what}: {uri} (give a .jsonl[.gz] file, a .parquet file or a data-prep output)")
-    store = open_store(uri)
-    docs_dir = layout.docs(0).rsplit("/", 1)[0] + "/"
-    files = [rel for rel in store.list(docs_dir) if rel.endswith(".parquet")]
-    if not files:
-        raise InputError(f"{uri}: no docs Parquet files under {docs_dir} (not a data-prep output?)")
-    return store, files
-
-
 def read_examples(uri: str, text_field: str = "text", limit: int | None = None) -> list[str]:
-    """The texts of one source: a JSONL file (.jsonl, optionally .gz), a Parquet file or a
-    data-prep output directory (its docs Parquet files); local, s3:// (or http(s) for JSONL)."""
-    if uri.endswith((".jsonl", ".jsonl.gz")):
-        texts: Iterator[str] = _jsonl_texts(uri, text_field)
-    else:
-        store, files = _docs_parquet_files(uri)
-        texts = (text for rel in files for text in _parquet_texts(store, rel))
-    out = []
-    for text in texts:
-        out.append(text)
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+    """The texts of one source (text_sources.py: JSONL, Parquet, a data-prep output, ...), at most `limit`."""
+    return list(islice(read_texts(uri, text_field), limit))
 
 
 # ---------------------------------------------------------------- split, balance, train, measure
