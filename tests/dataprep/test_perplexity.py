@@ -174,6 +174,17 @@ def test_missing_library_is_a_one_line_config_error(arpa, monkeypatch):
         step(arpa, backend="lmforge")
 
 
+def test_missing_library_stops_the_config_load(arpa, monkeypatch):
+    """An image without the backend's package refuses the config before anything is written."""
+    from lmforge.dataprep.config import load_dataprep_config
+    from lmforge.dataprep.steps import perplexity
+
+    real = perplexity.importlib.util.find_spec
+    monkeypatch.setattr(perplexity.importlib.util, "find_spec", lambda name: None if name == "kenlm" else real(name))
+    with pytest.raises(ConfigError, match=r"steps\.perplexity: the kenlm backend needs the Python package 'kenlm'"):
+        load_dataprep_config(None, ["pipeline=[perplexity]", f"steps.perplexity.model_path={arpa}"])
+
+
 SMALL = ["--set", "tokenizer.vocab_size=600", "--set", "shards.val_fraction=0", "--workers", "1"]
 
 

@@ -10,6 +10,7 @@ distribution). Backends: `kenlm` (perplexity_scorers.KenLMScorer, CCNet's normal
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Iterable, Iterator
 from typing import Literal
@@ -72,6 +73,10 @@ class PerplexitySettings(StepSettings):
     def check_in_pipeline(self, step_id: str) -> None:
         require_model(self.model_path, step_id, "a KenLM .arpa/.bin, `lmforge-dataprep train-ngram` trains one, "
                                                 "or an lmforge model package")
+        module, extra = ("kenlm", "kenlm") if self.backend == "kenlm" else ("torch", "lmforge-model")
+        if importlib.util.find_spec(module) is None:  # an image without the backend's library
+            raise ValueError(f"steps.{step_id}: the {self.backend} backend needs the Python package {module!r} "
+                             f"(pip install 'lmforge-dataprep[{extra}]')")
 
 
 def bucket_of(perplexity: float, cutoffs: tuple[float, float]) -> Bucket:
