@@ -128,6 +128,31 @@ _BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 _AT_LEAST = [bytes(int(value >= threshold) for value in range(256)) for threshold in range(256)]
 
 
+def _shape_reason(cfg: GopherQualityConfig, text: str, n_words: int, word_chars: int) -> str | None:
+    """The rules on words, symbols and lines, whatever the language's word splitting: the reason
+    to drop, or None."""
+    if n_words < cfg.min_doc_words or n_words == 0:
+        return "too_few_words"
+    if n_words > cfg.max_doc_words:
+        return "too_many_words"
+    avg_word_length = word_chars / n_words
+    if avg_word_length < cfg.min_avg_word_length:
+        return "avg_word_length_too_short"
+    if avg_word_length > cfg.max_avg_word_length:
+        return "avg_word_length_too_long"
+    n_ellipses = text.count("...") + text.count("…")
+    max_symbols = cfg.max_symbol_word_ratio * n_words
+    if text.count("#") > max_symbols or n_ellipses > max_symbols:
+        return "too_many_symbols"
+    lines = [line for line in map(str.strip, text.splitlines()) if line]
+    n_lines = len(lines)
+    if sum(1 for line in lines if line.startswith(_BULLETS)) > cfg.max_bullet_lines_ratio * n_lines:
+        return "too_many_bullet_lines"
+    if n_ellipses and sum(1 for line in lines if line.endswith(_ELLIPSES)) > cfg.max_ellipsis_lines_ratio * n_lines:
+        return "too_many_ellipsis_lines"
+    return None
+
+
 class GopherQualityFilter(BaseFilter):
     """Drops documents that do not look like natural-language prose.
 
@@ -181,28 +206,10 @@ class GopherQualityFilter(BaseFilter):
         symbol_tokens = [token for token in non_alpha_tokens if not _WORD_CHAR.search(token)]
         n_words = n_tokens - len(symbol_tokens)
 
-        if n_words < cfg.min_doc_words or n_words == 0:
-            return False, "too_few_words"
-        if n_words > cfg.max_doc_words:
-            return False, "too_many_words"
-
-        avg_word_length = (sum(map(len, tokens)) - sum(map(len, symbol_tokens))) / n_words
-        if avg_word_length < cfg.min_avg_word_length:
-            return False, "avg_word_length_too_short"
-        if avg_word_length > cfg.max_avg_word_length:
-            return False, "avg_word_length_too_long"
-
-        n_ellipses = text.count("...") + text.count("…")
-        max_symbols = cfg.max_symbol_word_ratio * n_words
-        if text.count("#") > max_symbols or n_ellipses > max_symbols:
-            return False, "too_many_symbols"
-
-        lines = [line for line in map(str.strip, text.splitlines()) if line]
-        n_lines = len(lines)
-        if sum(1 for line in lines if line.startswith(_BULLETS)) > cfg.max_bullet_lines_ratio * n_lines:
-            return False, "too_many_bullet_lines"
-        if n_ellipses and sum(1 for line in lines if line.endswith(_ELLIPSES)) > cfg.max_ellipsis_lines_ratio * n_lines:
-            return False, "too_many_ellipsis_lines"
+        word_chars = (sum(map(len, tokens)) - sum(map(len, symbol_tokens))) if n_words > 0 else 0
+        reason = _shape_reason(cfg, text, n_words, word_chars)
+        if reason:
+            return False, reason
 
         if n_tokens - len(non_alpha_tokens) < cfg.min_alpha_words_ratio * n_tokens:
             return False, "too_few_alpha_words"
@@ -217,25 +224,9 @@ class GopherQualityFilter(BaseFilter):
         cfg = rules.config
         words = [token for token in split_words(text, "cjk_chars") if _WORD_CHAR.search(token)]
         n_words = len(words)
-        if n_words < cfg.min_doc_words or n_words == 0:
-            return False, "too_few_words"
-        if n_words > cfg.max_doc_words:
-            return False, "too_many_words"
-        avg_word_length = sum(map(len, words)) / n_words
-        if avg_word_length < cfg.min_avg_word_length:
-            return False, "avg_word_length_too_short"
-        if avg_word_length > cfg.max_avg_word_length:
-            return False, "avg_word_length_too_long"
-        n_ellipses = text.count("...") + text.count("…")
-        max_symbols = cfg.max_symbol_word_ratio * n_words
-        if text.count("#") > max_symbols or n_ellipses > max_symbols:
-            return False, "too_many_symbols"
-        lines = [line for line in map(str.strip, text.splitlines()) if line]
-        n_lines = len(lines)
-        if sum(1 for line in lines if line.startswith(_BULLETS)) > cfg.max_bullet_lines_ratio * n_lines:
-            return False, "too_many_bullet_lines"
-        if n_ellipses and sum(1 for line in lines if line.endswith(_ELLIPSES)) > cfg.max_ellipsis_lines_ratio * n_lines:
-            return False, "too_many_ellipsis_lines"
+        reason = _shape_reason(cfg, text, n_words, sum(map(len, words)))
+        if reason:
+            return False, reason
         if sum(1 for word in words if _NOT_ALPHA_WORD.fullmatch(word)) > (1 - cfg.min_alpha_words_ratio) * n_words:
             return False, "too_few_alpha_words"
         if sum(map(text.count, rules.stop_words)) < max(cfg.min_stop_words, cfg.min_stop_word_ratio * n_words):
