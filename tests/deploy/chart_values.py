@@ -132,6 +132,31 @@ OBSERVABILITY_OFF = {
 
 CANARY_OFF = {"canary": {"enabled": False}}
 
+# vLLM's OpenAI server on 2-GPU replicas (tensor parallel), on the Hugging Face format export the
+# model pointer names; the platform's API keys, autoscaling on its queue, monitoring.
+VLLM = {
+    "s3": {"endpointUrl": "http://minio.storage:9000", "credentialsSecret": "lmforge-s3"},
+    "inference": {
+        "backend": "vllm",
+        "model": "s3://lmforge/models/current",
+        "modelName": "lmforge-hf",
+        "gpus": 2,
+        "vllm": {"dtype": "bfloat16", "maxModelLen": 4096, "gpuMemoryUtilization": 0.85, "tensorParallelSize": 2,
+                 "extraArgs": ["--enable-prefix-caching", "--max-num-seqs", "64"]},
+        "apiKeys": {"secretName": "lmforge-api-keys", "key": "api-keys"},
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "metrics": [{
+            "type": "Pods",
+            "pods": {"metric": {"name": "lmforge_inference_requests_waiting"},
+                     "target": {"type": "AverageValue", "averageValue": "8"}}}]},
+        "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"cpu": "16", "memory": "128Gi"}},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+    # The canary scores through lmforge-serve's /v1/score, which vLLM lacks: an lmforge-serve of
+    # the same package (README "Serving with vLLM").
+    "canary": {"endpoint": "http://lmforge-reference.ml:8000"},
+    "monitoring": {"additionalLabels": {"release": "kube-prometheus-stack"}},
+}
+
 VALUE_SETS = {
     "default": {},
     "cpu-only": CPU_ONLY,
@@ -139,6 +164,7 @@ VALUE_SETS = {
     "trainjob-kueue": TRAINJOB_KUEUE,
     "observability-off": OBSERVABILITY_OFF,
     "canary-off": CANARY_OFF,
+    "vllm": VLLM,
 }
 
 

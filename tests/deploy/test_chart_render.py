@@ -98,6 +98,8 @@ BAD_VALUES = [
     ({"inference": {"resources": {"limits": None}}}, "/inference/resources"),
     ({"training": {"resources": {"requests": {"memory": "lots"}}}}, "/training/resources/requests/memory"),
     ({"inference": {"port": 70000}}, "/inference/port"),
+    ({"inference": {"backend": "tgi"}}, "/inference/backend"),
+    ({"inference": {"vllm": {"gpuMemoryUtilization": 1.5}}}, "/inference/vllm/gpuMemoryUtilization"),
     ({"inference": {"startupProbe": {"loadTimeoutSeconds": 0}}}, "/inference/startupProbe/loadTimeoutSeconds"),
     ({"inference": {"pdb": {"minAvailable": "half"}}}, "/inference/pdb/minAvailable"),
     ({"inference": {"autoscaling": {"targetCPUUtilizationPercentage": 0}}}, "/inference/autoscaling"),
@@ -298,7 +300,8 @@ def test_network_policies_admit_only_the_gateway_canary_and_prometheus(name):
     inference = policies["lmforge-inference"]["spec"]
     assert inference["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "inference"
     api, metrics = inference["ingress"]
-    assert _ports(api) == {8000} and _ports(metrics) == {9400}
+    # vLLM serves /metrics on its API port.
+    assert _ports(api) == {8000} and _ports(metrics) == ({8000} if name == "vllm" else {9400})
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}} in api["from"]
     assert any(peer.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "canary"
                for peer in api["from"])

@@ -31,6 +31,49 @@ Conventions:
 {{- /* Pushgateway groups of data-prep workers pushed recently (groups of old runs stay there). */ -}}
 {{- $recent := printf "(time() - push_time_seconds{job=\"lmforge-dataprep\"} < %v * 3600)" $d.recentHours -}}
 # -- Recording rules: what the dashboards plot and the alerts compare ----------------------
+{{- if and .Values.inference.enabled (eq (.Values.inference.backend | default "lmforge") "vllm") }}
+# vLLM's series (inference.backend vllm) recorded under the names lmforge-serve exposes, so the
+# recording rules below, the alerts and the dashboards read them unchanged. Only rendered with
+# backend vllm. Names: vLLM's production metrics (https://docs.vllm.ai/en/stable/usage/metrics/)
+# as vllm/v1/metrics/loggers.py of the pinned image (inference.vllm.image, v0.10.1.1) defines
+# them; where releases name a series differently, both names are read (`or`: the first present
+# wins): TPOT vllm:time_per_output_token_seconds (v0.10; vllm:inter_token_latency_seconds from
+# v0.11), KV cache vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before v0.9). `engine` (the engine-core index) is
+# summed away; job, instance, pod and model_name (--served-model-name) stay.
+- name: lmforge.inference.vllm
+  rules:
+    {{- range $to, $from := dict
+          "time_to_first_token_seconds_bucket" "vllm:time_to_first_token_seconds_bucket"
+          "time_per_output_token_seconds_bucket" "vllm:time_per_output_token_seconds_bucket or vllm:inter_token_latency_seconds_bucket"
+          "request_latency_seconds_bucket" "vllm:e2e_request_latency_seconds_bucket"
+          "queue_time_seconds_bucket" "vllm:request_queue_time_seconds_bucket"
+          "prefill_time_seconds_bucket" "vllm:request_prefill_time_seconds_bucket"
+          "decode_time_seconds_bucket" "vllm:request_decode_time_seconds_bucket"
+          "prompt_tokens_total" "vllm:prompt_tokens_total"
+          "generation_tokens_total" "vllm:generation_tokens_total"
+          "requests_running" "vllm:num_requests_running"
+          "requests_waiting" "vllm:num_requests_waiting" }}
+    - record: lmforge_inference_{{ $to }}
+      expr: sum without (engine) ({{ $from }})
+    {{- end }}
+    - record: lmforge_inference_kv_cache_usage_ratio
+      expr: max without (engine) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)
+    - record: lmforge_inference_finished_requests_total
+      expr: |
+        sum without (engine, finished_reason) (
+          label_replace(vllm:request_success_total, "finish_reason", "$1", "finished_reason", "(.*)")
+        )
+    # vLLM's engine series exist once its server is up, which is after the model has loaded.
+    - record: lmforge_inference_model_info
+      expr: group without (engine) (vllm:num_requests_running)
+    # HTTP answers of the API (the server's prometheus-fastapi-instrumentator counter, status
+    # grouped as 2xx/4xx/5xx), given the replica's model_name.
+    - record: lmforge_inference_requests_total
+      expr: |
+        sum without (handler, method) (http_requests_total{job="lmforge-inference", handler=~"/v1/.+"})
+        * on (job, instance) group_left (model_name)
+        group by (job, instance, model_name) (vllm:num_requests_running)
+{{- end }}
 - name: lmforge.inference.recording
   rules:
     - record: lmforge:inference_requests:rate

@@ -383,8 +383,27 @@ class TopologySpread(Section, total=False):
         description="full TopologySpreadConstraints used instead of the generated ones")]]
 
 
+class Vllm(Section, total=False):
+    """`vllm serve` settings (backend vllm); names and defaults as in vLLM's engine arguments
+    (https://docs.vllm.ai/en/stable/configuration/engine_args/)."""
+
+    image: Required[Annotated[str, Field(min_length=1, pattern=r"^\S+$", description=(
+        "vLLM's OpenAI server image, pinned (the recording rules map its metric names)"))]]
+    dtype: Annotated[Literal["auto", "half", "float16", "bfloat16", "float", "float32"],
+                     Field(description="--dtype (vLLM's default: auto)")]
+    maxModelLen: Annotated[int, Field(ge=0, description="--max-model-len (0 = the model's context length)")]
+    gpuMemoryUtilization: Annotated[float, Field(gt=0, le=1, description=(
+        "--gpu-memory-utilization, share of GPU memory vLLM may use (vLLM's default: 0.9)"))]
+    tensorParallelSize: Annotated[int, Field(ge=1, le=16, description="--tensor-parallel-size (GPUs per replica)")]
+    extraArgs: Annotated[list[str], Field(description="more `vllm serve` arguments")]
+    shmSizeLimit: Annotated[str, Field(pattern=QUANTITY, description="size of the /dev/shm emptyDir (memory)")]
+
+
 class Inference(PodPlacement, total=False):
     enabled: Required[Annotated[bool, Field(description="deploy the inference server")]]
+    backend: Annotated[Literal["lmforge", "vllm"], Field(description=(
+        "the server: lmforge (lmforge-serve) or vllm (vLLM's OpenAI server on the Hugging Face format export)"))]
+    vllm: Annotated[Vllm, Field(description="vLLM's settings (backend vllm)")]
     model: Required[Annotated[str, Field(pattern=S3_PREFIX, description=(
         "a model pointer the replicas follow (s3://BUCKET/PREFIX/models/current) or a model package "
         "(s3://BUCKET/PREFIX/models/VERSION)"))]]
