@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tests.serving import running_server, train_tiny_package
+from tests.serving import CONFIG, running_server, train_tiny_package
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +33,21 @@ def server(tiny_package, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "serve.log"
     with running_server(tiny_package, "engine.max_running=4", log_path=log) as url:
         yield url, log
+
+
+# A tiny chat template: "role: content" lines, then the assistant's turn (Jinja, as transformers reads it).
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def chat_package(tiny_package, tmp_path_factory):
+    """The tiny model's package with a Hugging Face tokenizer_config.json carrying a chat template
+    (as an exported model's tokenizer may): AutoTokenizer loads the directory too."""
+    from lmforge.common.hf_tokenizer import DEFAULT_EOS, tokenizer_config
+
+    package = tmp_path_factory.mktemp("models") / "tiny-chat"
+    shutil.copytree(tiny_package, package)
+    config = {**tokenizer_config(DEFAULT_EOS, CONFIG["context_length"]), "chat_template": CHAT_TEMPLATE}
+    (package / "tokenizer_config.json").write_text(json.dumps(config))
+    return package

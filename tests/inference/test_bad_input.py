@@ -35,7 +35,16 @@ def post(url: str, body=None, **kwargs) -> httpx.Response:
     ({**GOOD, "top_p": 1.5}, 422, "top_p"),
     ({**GOOD, "logprobs": 50}, 422, "logprobs"),
     ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 422, "stop"),
-    ({**GOOD, "frequency_penalty": 1}, 422, "frequency_penalty"),  # unknown field
+    ({**GOOD, "frequency_penaltie": 1}, 422, "frequency_penaltie"),  # unknown field
+    ({**GOOD, "frequency_penalty": 1}, 400, "frequency_penalty"),  # a known field at a value not implemented
+    ({**GOOD, "suffix": "and so on"}, 400, "suffix"),
+    ({**GOOD, "best_of": 3}, 400, "best_of"),
+    ({**GOOD, "stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream
+    ({**GOOD, "prompt": [5, 99999]}, 400, "prompt: token id 99999"),
+    ({**GOOD, "prompt": [[5], [-1]]}, 400, "prompt: token id -1"),
+    ({**GOOD, "prompt": ["a", 5]}, 422, "prompt"),
+    ({**GOOD, "prompt": []}, 422, "prompt"),
+    ({**GOOD, "n": 0}, 422, "n"),
     ({**GOOD, "prompt": ""}, 422, "prompt"),
     ({"max_tokens": 3}, 422, "prompt"),  # missing
     ({**GOOD, "model": "gpt-17"}, 404, "gpt-17"),

@@ -1,8 +1,8 @@
-"""The HTTP layer (FastAPI): OpenAI-compatible completions with SSE streaming, scoring, model
+"""The HTTP layer (FastAPI): OpenAI-compatible completions and chat completions with SSE streaming, scoring, model
 list, health, readiness and metrics. It validates, authenticates and translates; generation
 itself is the service's and the engine's business (the split of vLLM's API server and engine).
 
-create_app only wires: the routers (routes/: completions, score, models, health), the
+create_app only wires: the routers (routes/: completions, chat, score, models, health), the
 InferenceService and API keys they reach through dependencies (app.state), the error handlers
 (api_errors.py) and the middleware (middleware.py).
 
@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from lmforge.inference.api_errors import ERROR_HANDLERS
 from lmforge.inference.auth import ApiKeys
 from lmforge.inference.middleware import BodyLimit, CountRequests
-from lmforge.inference.routes import completions, health, models, score
+from lmforge.inference.routes import chat, completions, health, models, score
 from lmforge.inference.service import InferenceService
 
 
@@ -36,6 +36,7 @@ def create_app(service: InferenceService) -> FastAPI:
         app.include_router(health.metrics_router)
     app.include_router(models.router)
     app.include_router(completions.router)
+    app.include_router(chat.router)
     app.include_router(score.router)
 
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)

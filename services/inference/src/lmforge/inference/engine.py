@@ -104,6 +104,23 @@ class Engine:
         return logprobs.gather(1, ids[0, 1:, None]).squeeze(1).tolist()
 
     @torch.no_grad()
+    def prompt_logprobs(self, tokens: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
+        """For each token after the first: its logprob given the ones before it and, with `top`,
+        the `top` most likely tokens' logprobs there (an echoed prompt's logprobs)."""
+        if not 1 <= len(tokens) <= self.config.context_length:
+            raise ValueError(f"a prompt needs 1 to {self.config.context_length} tokens, got {len(tokens)}")
+        if len(tokens) == 1:
+            return [], []
+        ids = torch.tensor([tokens], device=self.device)
+        logits, _ = self.model(ids)
+        logprobs = torch.log_softmax(logits[0, :-1].float(), dim=-1)
+        chosen = logprobs.gather(1, ids[0, 1:, None]).squeeze(1).tolist()
+        if not top:
+            return chosen, []
+        values, indices = torch.topk(logprobs, top, dim=-1)
+        return chosen, [dict(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+
+    @torch.no_grad()
     def step(self) -> list[tuple[Sequence, int]]:
         """Admit, prefill, decode, retire; returns the (sequence, token) pairs produced."""
         if self.step_delay_seconds:

@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from lmforge.inference.engine import Engine, QueueFull, Sequence
 from lmforge.inference.sampling import SamplingParams
@@ -99,11 +100,18 @@ class EngineRunner:
 
     async def score(self, tokens: list[int]) -> list[float]:
         """Teacher-forced logprobs of `tokens`, computed by the engine thread between steps."""
+        return await self._between_steps(lambda: self.engine.score(tokens))
+
+    async def prompt_logprobs(self, tokens: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
+        """Engine.prompt_logprobs, computed by the engine thread between steps."""
+        return await self._between_steps(lambda: self.engine.prompt_logprobs(tokens, top))
+
+    async def _between_steps(self, compute: Callable[[], Any]) -> Any:
         future: concurrent.futures.Future = concurrent.futures.Future()
 
         def job():
             try:
-                future.set_result(self.engine.score(tokens))
+                future.set_result(compute())
             except Exception as exc:  # noqa: BLE001 - handed to the awaiting request
                 future.set_exception(exc)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, pre_tokenizers
 
+from lmforge.inference.chat_template import ChatTemplate
+
 EOT_TOKEN = "<|endoftext|>"  # noqa: S105 - the data-prep tokenizer's end-of-text token
 
 
@@ -32,6 +34,8 @@ class Codec:
         self.tokenizer = Tokenizer.from_file(str(path))
         self.eos_id = self.tokenizer.token_to_id(eos_token(Path(path)))
         self.max_chars_per_token = max_chars_per_token(self.tokenizer)
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.chat_template = ChatTemplate.beside(Path(path))
 
     def encode(self, text: str) -> list[int]:
         # encode_batch_fast releases the GIL (encode does not) and computes no character offsets

@@ -1,37 +1,32 @@
 """POST /v1/completions, OpenAI-compatible: the whole completion as one JSON body, or with
-`stream` its deltas as server-sent events ending in `data: [DONE]`.
+`stream` its deltas as server-sent events ending in `data: [DONE]` (with
+`stream_options.include_usage`, a last chunk with empty choices and the usage first).
+
+`prompt` is a string, a batch of strings, token ids or a batch of token-id lists; each prompt
+gets `n` choices, choice `prompt_index * n + i`. `echo` puts the prompt before the completion,
+with `logprobs` its tokens' logprobs too (the first token's null, nothing precedes it);
+`max_tokens: 0` with `echo` only scores the prompt (lm-evaluation-harness's loglikelihoods).
 
 A prompt with too many characters to fit the context is refused before it is tokenized, and
 long text is tokenized off the event loop: one large prompt never stalls the other clients or
-the probes. The request leases the model current when it starts and uses only it (tokenizer,
-context length, engine) until its response ends, so a model swap never mixes two models in one
-answer. A client that goes away cancels its sequence and frees its engine slot."""
+the probes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-import uuid
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from opentelemetry import trace
 
-from lmforge.common.logging import get_logger
 from lmforge.inference.api_errors import ApiError, not_ready
-from lmforge.inference.engine import QueueFull
+from lmforge.inference.routes import generation as gen
 from lmforge.inference.routes.deps import ServiceDep, authorize, ready_model
-from lmforge.inference.runner import Handle
-from lmforge.inference.sampling import SamplingParams
-from lmforge.inference.schemas import Choice, Completion, CompletionRequest, Logprobs, Usage
-from lmforge.inference.service import Delta, InferenceService, Lease, NotReady, ServedModel
-from lmforge.inference.tracing import trace_id_of
+from lmforge.inference.runner import RunnerStopped
+from lmforge.inference.schemas import Choice, Completion, CompletionRequest, Logprobs
+from lmforge.inference.service import Delta, Lease, NotReady
 
-log = get_logger("inference")
 router = APIRouter(dependencies=[Depends(authorize)])
 
 
@@ -50,141 +45,132 @@ class LeasedStreamingResponse(StreamingResponse):
             self.lease.release()
 
 
-@dataclass
-class Generation:
-    """One submitted completion: what answering it, streamed or whole, needs."""
+class Echo:
+    """Each prompt's text and, with logprobs, its tokens' logprobs (the echoed part of a choice)."""
 
-    service: InferenceService
-    served: ServedModel
-    body: CompletionRequest
-    handle: Handle
-    span: trace.Span
-    request_id: str
-    started: float  # time.monotonic()
-    context: dict  # the fields of its `completion` log line
-
-    def deltas(self):
-        return self.service.deltas(self.served, self.handle, self.body.stop, self.span)
-
-    def log_done(self, finish_reason: str, generated: int) -> None:
-        log.info("completion", **self.context, finish_reason=finish_reason, completion_tokens=generated,
-                 seconds=round(time.monotonic() - self.started, 4))
+    def __init__(self, texts: list[str], logprobs: list[Logprobs | None]):
+        self.texts, self.logprobs = texts, logprobs
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep):
+    _refuse(body)
+    gen.check_max_tokens(service, body.max_tokens)
     lease = ready_model(service, body.model).lease()
     streaming = False
     try:
-        generation = await _submit(service, lease.model, body)
+        served = lease.model
+        prompts = [await gen.prompt_ids(service, served, p, body.max_tokens) for p in body.prompts()]
+        echo = await _echo(service, served, body, prompts) if body.echo else None
+        job = gen.start(service, served, prompts, body, body.max_tokens, body.logprobs, "cmpl")
         if body.stream:
             streaming = True  # the response returns the lease when it ends
-            return LeasedStreamingResponse(_sse(generation), lease, media_type="text/event-stream",
+            return LeasedStreamingResponse(_sse(job, body, echo), lease, media_type="text/event-stream",
                                            headers={"Cache-Control": "no-cache"})
-        return await _complete(generation, request)
+        return await _complete(job, request, body, echo)
     finally:
         if not streaming:
             lease.release()
 
 
-async def _submit(service: InferenceService, served: ServedModel, body: CompletionRequest) -> Generation:
-    """Check that the prompt and max_tokens fit, tokenize, and queue the sequence on the engine."""
-    config = service.config
-    if body.max_tokens > config.max_tokens_limit:
-        raise ApiError(422, f"max_tokens: at most {config.max_tokens_limit} (got {body.max_tokens})",
-                       param="max_tokens")
-    room = served.context_length - body.max_tokens
-    if not served.codec.may_fit(body.prompt, room):
-        raise ApiError(400, f"prompt: {len(body.prompt)} characters make more than {max(room, 0)} tokens (a token "
-                            f"spans at most {served.codec.max_chars_per_token} characters), all that max_tokens "
-                            f"{body.max_tokens} leaves of the model's context of {served.context_length} tokens",
-                       param="prompt")
-    prompt_ids = await service.encode(served, body.prompt)
-    if len(prompt_ids) + body.max_tokens > served.context_length:
-        raise ApiError(400, f"prompt: {len(prompt_ids)} prompt tokens + max_tokens {body.max_tokens} exceed "
-                            f"the model's context of {served.context_length} tokens", param="prompt")
-    params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            seed=body.seed, logprobs=body.logprobs)
-    try:
-        handle = service.submit(served, prompt_ids, params)
-    except QueueFull as exc:
-        raise ApiError(429, f"server busy: {exc}; retry later", "rate_limit_error",
-                       headers={"Retry-After": str(config.retry_after_seconds)}) from exc
-    except NotReady as exc:
-        raise not_ready(exc) from exc
-    span = trace.get_current_span()
-    request_id = f"cmpl-{uuid.uuid4().hex[:24]}"
-    context = dict(request_id=request_id, trace_id=trace_id_of(span), prompt_tokens=len(prompt_ids),
-                   max_tokens=body.max_tokens, stream=body.stream)
-    return Generation(service, served, body, handle, span, request_id, time.monotonic(), context)
+def _refuse(body: CompletionRequest) -> None:
+    if body.suffix is not None:
+        raise ApiError(400, "suffix: not supported (this server does no fill-in-the-middle)", param="suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise ApiError(400, f"best_of: only equal to n ({body.n}) is supported", param="best_of")
+    if body.max_tokens == 0 and not body.echo:
+        raise ApiError(422, "max_tokens: 0 only with echo (scoring the prompt)", param="max_tokens")
+    gen.refuse_unsupported(body)
 
 
-async def _complete(generation: Generation, request: Request):
+async def _echo(service, served, body: CompletionRequest, prompts: list[list[int]]) -> Echo:
+    texts = [p if isinstance(p, str) else served.codec.decode(p) for p in body.prompts()]
+    if body.logprobs is None:
+        return Echo(texts, [None] * len(prompts))
+    logprobs = []
+    for ids in prompts:
+        try:
+            chosen, tops = await served.runner.prompt_logprobs(ids, body.logprobs)
+        except RunnerStopped as exc:
+            raise not_ready(NotReady(f"engine stopped: {exc}")) from exc
+        tokens = [served.codec.token_text(t) for t in ids]
+        top_texts = [None] + [{served.codec.token_text(t): lp for t, lp in top.items()} for top in tops]
+        logprobs.append(Logprobs(tokens=tokens, token_logprobs=[None, *chosen],
+                                 top_logprobs=top_texts if body.logprobs else None, text_offset=_offsets(tokens, 0)))
+    return Echo(texts, logprobs)
+
+
+def _offsets(tokens: list[str], start: int) -> list[int]:
+    offsets = []
+    for token in tokens:
+        offsets.append(start)
+        start += len(token)
+    return offsets
+
+
+def _logprobs(served, deltas: list[Delta], offset: int, echoed: Logprobs | None) -> Logprobs:
+    tokens, chosen, tops = gen.token_logprobs(served, deltas)
+    generated = Logprobs(tokens=tokens, token_logprobs=chosen, top_logprobs=tops or None,
+                         text_offset=_offsets(tokens, offset))
+    if echoed is None:
+        return generated
+    top_logprobs = (echoed.top_logprobs or []) + (generated.top_logprobs or [])
+    return Logprobs(tokens=echoed.tokens + generated.tokens,
+                    token_logprobs=echoed.token_logprobs + generated.token_logprobs,
+                    top_logprobs=top_logprobs if echoed.top_logprobs is not None else None,
+                    text_offset=echoed.text_offset + generated.text_offset)
+
+
+async def _complete(job: gen.Job, request: Request, body: CompletionRequest, echo: Echo | None):
     """The whole completion as one body; 499 when the client went away before it ended."""
-    served, handle = generation.served, generation.handle
-
-    async def cancel_on_disconnect():
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        served.runner.cancel(handle)
-
-    watcher = asyncio.create_task(cancel_on_disconnect())
-    deltas: list[Delta] = []
-    try:
-        async with aclosing(generation.deltas()) as stream:
-            async for delta in stream:
-                deltas.append(delta)
-    except NotReady as exc:
-        raise ApiError(503, str(exc), "service_unavailable") from exc
-    finally:
-        watcher.cancel()
-    finish_reason = deltas[-1].finish_reason if deltas else "cancelled"
-    generated = sum(len(d.token_ids) for d in deltas)
-    generation.log_done(finish_reason, generated)
-    if finish_reason == "cancelled":
+    deltas = await gen.collect(job, request)
+    if deltas is None:
         return JSONResponse({"error": {"message": "client closed the request"}}, status_code=499)
-    text = "".join(d.text for d in deltas)
-    logprobs = _logprobs(served, deltas, 0) if generation.body.logprobs is not None else None
-    prompt_tokens = len(handle.seq.prompt)
-    return Completion(id=generation.request_id, created=int(time.time()), model=generation.service.model_name,
-                      choices=[Choice(text=text, logprobs=logprobs, finish_reason=finish_reason)],
-                      usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=generated,
-                                  total_tokens=prompt_tokens + generated))
+    choices = []
+    for generation, choice_deltas in zip(job.generations, deltas, strict=True):
+        prefix = echo.texts[generation.prompt] if echo else ""
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = _logprobs(job.served, choice_deltas, len(prefix), echo.logprobs[generation.prompt]
+                                 if echo else None)
+        choices.append(Choice(index=generation.index, text=prefix + "".join(d.text for d in choice_deltas),
+                              logprobs=logprobs, finish_reason=generation.finish_reason))
+    return Completion(id=job.request_id, created=job.created, model=job.service.model_name, choices=choices,
+                      usage=job.usage())
 
 
-async def _sse(generation: Generation):
-    """The completion's deltas as server-sent events; an engine that stops mid-stream ends it
-    with an error event (the 200 status is already sent)."""
-    served, body = generation.served, generation.body
-    created, offset, generated, finish_reason = int(time.time()), 0, 0, "cancelled"
+async def _sse(job: gen.Job, body: CompletionRequest, echo: Echo | None):
+    """The choices' deltas as server-sent events (an echoed prompt first, in each choice's first
+    chunk); an engine that stops mid-stream ends it with an error event (the 200 status is sent)."""
+    offsets = [0] * len(job.generations)
+
+    def chunk(choice: Choice) -> str:
+        return sse_event(Completion(id=job.request_id, created=job.created, model=job.service.model_name,
+                                 choices=[choice]).model_dump())
+
     try:
-        async with aclosing(generation.deltas()) as stream:
-            async for delta in stream:
-                logprobs = _logprobs(served, [delta], offset) if body.logprobs is not None else None
-                offset += len(delta.text)
-                generated += len(delta.token_ids)
-                finish_reason = delta.finish_reason or finish_reason
-                choice = Choice(text=delta.text, logprobs=logprobs, finish_reason=delta.finish_reason)
-                yield _event(Completion(id=generation.request_id, created=created,
-                                        model=generation.service.model_name, choices=[choice]).model_dump())
+        if echo is not None:
+            for generation in job.generations:
+                text = echo.texts[generation.prompt]
+                offsets[generation.index] = len(text)
+                yield chunk(Choice(index=generation.index, text=text, logprobs=echo.logprobs[generation.prompt]))
+        async with aclosing(gen.merged(job)) as stream:
+            async for generation, delta in stream:
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = _logprobs(job.served, [delta], offsets[generation.index], None)
+                offsets[generation.index] += len(delta.text)
+                yield chunk(Choice(index=generation.index, text=delta.text, logprobs=logprobs,
+                                   finish_reason=delta.finish_reason))
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield sse_event(Completion(id=job.request_id, created=job.created, model=job.service.model_name,
+                                    choices=[], usage=job.usage()).model_dump())
         yield "data: [DONE]\n\n"
     except NotReady as exc:
-        yield _event({"error": {"message": str(exc), "type": "service_unavailable", "code": 503}})
+        yield sse_event({"error": {"message": str(exc), "type": "service_unavailable", "code": 503}})
     finally:
-        generation.log_done(finish_reason, generated)
+        job.log_done()
 
 
-def _logprobs(served: ServedModel, deltas: list[Delta], offset: int) -> Logprobs:
-    tokens, offsets = [], []
-    for delta in deltas:
-        for token in delta.token_ids:
-            tokens.append(served.codec.token_text(token))
-            offsets.append(offset)
-            offset += len(tokens[-1])
-    tops = [{served.codec.token_text(t): lp for t, lp in top.items()} for d in deltas for top in d.top_logprobs]
-    return Logprobs(tokens=tokens, token_logprobs=[lp for d in deltas for lp in d.logprobs],
-                    top_logprobs=tops or None, text_offset=offsets)
-
-
-def _event(payload: dict[str, Any]) -> str:
+def sse_event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
