@@ -196,3 +196,15 @@ def test_bad_config_exits_2(eval_set):
                         "--set", "tolerance.max_score_drop=2")
     assert result.code == 2, str(result)
     assert "tolerance.max_score_drop" in result.stderr
+
+
+def test_scoring_through_completions_equals_the_score_endpoint(good_server):
+    """The canary scores through /v1/completions (echo + logprobs: vLLM serves it too); on lmforge-serve
+    that gives the logprobs POST /v1/score gives, so baselines recorded through /v1/score stay valid."""
+    from lmforge.canary.client import InferenceClient
+    from lmforge.canary.config import HttpSection
+
+    client = InferenceClient(good_server, HttpSection())
+    for text in SENTENCES[:3]:
+        direct = httpx.post(f"{good_server}/v1/score", json={"text": text}, timeout=30).json()["token_logprobs"][1:]
+        assert client.score(text, item="t") == pytest.approx(direct, abs=1e-4)

@@ -151,9 +151,6 @@ VLLM = {
         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"cpu": "16", "memory": "128Gi"}},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     },
-    # The canary scores through lmforge-serve's /v1/score, which vLLM lacks: an lmforge-serve of
-    # the same package (README "Serving with vLLM").
-    "canary": {"endpoint": "http://lmforge-reference.ml:8000"},
     "monitoring": {"additionalLabels": {"release": "kube-prometheus-stack"}},
 }
 

@@ -132,10 +132,13 @@ def test_the_api_keys_secret_gives_vllm_its_first_key(pod, tmp_path):
     assert empty.returncode == 2 and "no API key" in empty.stderr and "arg=" not in empty.stdout
 
 
-def test_the_canary_calls_the_configured_lmforge_serve(objects):
+def test_the_canary_calls_the_vllm_service(objects):
+    """The canary scores and completes through /v1/completions, which vLLM serves: unchanged."""
     (cronjob,) = find(objects, "CronJob", "lmforge-canary")
     canary = container(cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"], "canary")
-    assert option(canary["args"], "--endpoint") == VLLM["canary"]["endpoint"]
+    (service,) = find(objects, "Service", "lmforge-inference")
+    port = service["spec"]["ports"][0]["port"]
+    assert option(canary["args"], "--endpoint") == f"http://lmforge-inference:{port}"
     assert find(render({**VLLM, "canary": {"enabled": False}}), "CronJob") == []
 
 
@@ -169,13 +172,11 @@ def test_network_policy_hpa_service_and_monitor_reach_the_vllm_pod(objects, pod)
 @pytest.mark.parametrize(("inference", "message"), [
     ({"config": {"engine": {"max_running": 8}}}, "with inference.backend vllm set inference.vllm.extraArgs"),
     ({"gpus": 0}, "inference.backend vllm needs inference.gpus >= 1"),
-    ({"canary": {"endpoint": ""}}, "which vLLM does not serve for a generative model"),
     ({"gpus": 1}, "inference.vllm.tensorParallelSize (2) exceeds inference.gpus (1)"),
 ])
 def test_settings_vllm_cannot_honour_fail_the_render(inference, message):
-    canary = inference.pop("canary", VLLM["canary"])
     with pytest.raises(HelmRenderError) as caught:
-        render({**VLLM, "inference": {**VLLM["inference"], **inference}, "canary": canary})
+        render({**VLLM, "inference": {**VLLM["inference"], **inference}})
     assert message in str(caught.value)
 
 

@@ -179,9 +179,6 @@ volumes:
 {{- if $i.config }}
 {{- fail "inference.config is lmforge-serve's configuration: with inference.backend vllm set inference.vllm.extraArgs instead" }}
 {{- end }}
-{{- if and .Values.canary.enabled (not .Values.canary.endpoint) }}
-{{- fail "the canary scores perplexity through lmforge-serve's POST /v1/score, which vLLM does not serve for a generative model: with inference.backend vllm set canary.endpoint to an lmforge-serve of the same package, or canary.enabled=false" }}
-{{- end }}
 {{- if lt (int $i.gpus) 1 }}
 {{- fail "inference.backend vllm needs inference.gpus >= 1 (vLLM's image serves on GPUs only)" }}
 {{- end }}

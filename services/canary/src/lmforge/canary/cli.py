@@ -1,5 +1,6 @@
 """`lmforge-canary [run]`: evaluate the deployed model on a fixed canary set (held-out perplexity
-through POST /v1/score, prompt → expected-continuation checks through POST /v1/completions),
+through POST /v1/completions with echo and logprobs, prompt → expected-continuation checks through
+greedy completions),
 compare with the stored baseline, push lmforge_canary_* gauges to a Pushgateway, print a table.
 `lmforge-canary make-baseline`: record the baseline from a known-good deployment."""
 

@@ -145,14 +145,20 @@ class InferenceClient:
         return {**body, "model": self.model} if self.model is not None else body
 
     def score(self, text: str, item: str) -> list[float]:
-        """POST /v1/score: the logprob of each token of `text` after the first."""
-        body = self.request("POST", "/v1/score", item=item, json=self._with_model({"text": text}))
+        """The logprob of each token of `text` after the first, through POST /v1/completions with
+        `echo` and `logprobs`, as lm-evaluation-harness scores: lmforge-serve and vLLM both serve it.
+        One token is generated (some servers refuse max_tokens 0) and left out, by the usage's
+        prompt token count."""
+        request = {"prompt": text, "max_tokens": 1, "echo": True, "logprobs": 0, "temperature": 0}
+        body = self.request("POST", "/v1/completions", item=item, json=self._with_model(request))
         try:
-            logprobs = [float(lp) for lp in body["token_logprobs"][1:]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EndpointError(f"{self.endpoint}/v1/score: unexpected answer for {item}: {str(body)[:200]}") from exc
+            prompt_tokens = int(body["usage"]["prompt_tokens"])
+            logprobs = [float(lp) for lp in body["choices"][0]["logprobs"]["token_logprobs"][1:prompt_tokens]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EndpointError(f"{self.endpoint}/v1/completions: unexpected answer for {item}: "
+                                f"{str(body)[:200]}") from exc
         if not logprobs:
-            raise EndpointError(f"{self.endpoint}/v1/score: no scored tokens for {item}")
+            raise EndpointError(f"{self.endpoint}/v1/completions: no scored tokens for {item}")
         return logprobs
 
     def complete(self, prompt: str, max_tokens: int, stop: list[str], item: str) -> tuple[str, str | None]:

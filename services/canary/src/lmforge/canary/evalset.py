@@ -2,7 +2,7 @@
 checks. YAML, or JSON (a file ending in .json; same structure):
 
     name: tiny-demo                  # optional; shown in the table, stored in the baseline
-    held_out:                        # ≥ 1 text, each scored through POST /v1/score
+    held_out:                        # ≥ 1 text, each scored through POST /v1/completions (echo + logprobs)
       - id: fox                      # optional, unique; default "held_out[INDEX]"
         text: "The quick brown fox jumps over the lazy dog."
       - "A plain string is a text without an id."
