@@ -27,6 +27,12 @@ class StepSettings(StrictModel):
     type: str | None = Field(
         None, description="the step type of an id that is not a built-in step's (a built-in name or module:Class)")
 
+    @property
+    def passes_everything(self) -> bool:
+        """True when these settings leave the step nothing to do (a contamination check without eval
+        sets): the pipeline then leaves it out, as if disabled."""
+        return False
+
     def check_in_pipeline(self, step_id: str) -> None:
         """What a step in the pipeline needs beyond valid settings (a model file): checked when the config
         loads, so a run that cannot start writes nothing; a ValueError says what is missing."""

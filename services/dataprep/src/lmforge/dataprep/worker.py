@@ -78,14 +78,9 @@ class MinHashStep(BaseTransform):
 
 
 def build_filter_steps(config: DataprepConfig) -> list[PipelineStep]:
-    """The config's pipeline: each enabled step, in order (a contamination step with no eval
-    sets would pass everything, and is left out)."""
-    steps: list[PipelineStep] = []
-    for step_id, settings in config.enabled_steps():
-        if getattr(settings, "eval_sets", None) == []:
-            continue
-        steps.append(build_step(step_id, settings))
-    return steps
+    """The config's pipeline: each enabled step with something to do (StepSettings.passes_everything), in order."""
+    return [build_step(step_id, settings) for step_id, settings in config.enabled_steps()
+            if not settings.passes_everything]
 
 
 @dataclass

@@ -48,6 +48,10 @@ class ContaminationConfig(StepSettings):
                 raise ValueError(f"eval set not found: {path}")
         return value
 
+    @property
+    def passes_everything(self) -> bool:
+        return not self.eval_sets
+
 
 _NOT_WORD_OR_SPACE = re.compile(r"[^\w\s]+")
 # the ASCII characters that regex deletes, for the bytes.translate fast path of ASCII text
