@@ -4,8 +4,9 @@ mix, 64 requests of 64 tokens (temperature 1, logprobs=0 as the load generator a
 through `Engine.step()` in this process at max_running 1 and 16, under torch.profiler.
 
 Prints tokens/s of the bare engine and, per step, the milliseconds in each part: the
-prompt prefills, the batched decode forward (split by aten op: linear, attention, the KV
-cache gather `aten::index` and write `aten::index_put_`, ...) and sampling. One thread
+scheduler, the packed forward (prompt chunks and decodes together; split by aten op: linear,
+attention, the paged KV cache's gather `aten::index_select` and write `aten::index_copy_`, ...)
+and the batched sampling. One thread
 (OMP_NUM_THREADS=1) unless --threads.
 
     python bench/serve/profile_engine.py [--threads 1] [--requests 64] [--max-tokens 64]
@@ -21,36 +22,32 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-REGIONS = ("prefill", "decode_forward", "sample", "emit")  # emit: sample + logprobs + bookkeeping
+REGIONS = ("schedule", "forward", "sample")
 
 
 def run(engine_cls, model, prompts, args, max_running: int, profile: bool, requests: int | None = None):
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
-    from lmforge.inference import engine as engine_module
+    from lmforge.inference import model_runner
     from lmforge.inference.sampling import SamplingParams
 
     engine = engine_cls(model, max_running=max_running, max_waiting=10_000)
-    tokenizer_ids = prompts
     for i in range(requests or args.requests):
-        engine.add(tokenizer_ids[i % len(tokenizer_ids)],
+        engine.add(prompts[i % len(prompts)],
                    SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i, logprobs=0))
-    original_forward, original_sample, original_emit = model.forward_cached, engine_module.sample, engine._emit
+    original_forward, original_sample = model.forward_paged, model_runner.sample_batch
+    original_schedule = engine.scheduler.schedule
 
-    def forward(idx, positions, cache, slots):
-        with record_function("prefill" if idx.shape[1] > 1 else "decode_forward"):
-            return original_forward(idx, positions, cache, slots)
+    def traced(name, function):
+        def call(*a, **k):
+            with record_function(name):
+                return function(*a, **k)
+        return call
 
-    def sample(logits, params, generator):
-        with record_function("sample"):
-            return original_sample(logits, params, generator)
-
-    def emit(seq, logits):
-        with record_function("emit"):
-            return original_emit(seq, logits)
-
-    model.forward_cached, engine_module.sample, engine._emit = forward, sample, emit
+    model.forward_paged = traced("forward", original_forward)
+    model_runner.sample_batch = traced("sample", original_sample)
+    engine.scheduler.schedule = traced("schedule", original_schedule)
     steps = tokens = 0
     try:
         context = torch_profile(activities=[ProfilerActivity.CPU]) if profile else None
@@ -64,19 +61,19 @@ def run(engine_cls, model, prompts, args, max_running: int, profile: bool, reque
         if context is not None:
             context.__exit__(None, None, None)
     finally:
-        model.forward_cached, engine_module.sample = original_forward, original_sample
+        model.forward_paged, model_runner.sample_batch = original_forward, original_sample
     return {"steps": steps, "tokens": tokens, "wall": wall, "profile": context}
 
 
 def breakdown(prof, steps: int) -> tuple[dict, dict]:
-    """(region → ms per step, aten op inside decode_forward → self ms per step)."""
+    """(region → ms per step, aten op inside the forward → self ms per step)."""
     events = prof.events()
     regions = defaultdict(float)
     for event in events:
         if event.name in REGIONS:
             regions[event.name] += event.cpu_time_total / 1000 / steps
     decode_ops = defaultdict(float)
-    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "decode_forward"]
+    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "forward"]
     spans.sort()
     import bisect
 
@@ -125,10 +122,9 @@ def main() -> None:
         print(f"\nmax_running={n}: {plain['tokens']} tokens in {plain['wall']:.2f} s = "
               f"{plain['tokens'] / plain['wall']:.0f} tokens/s, {plain['steps']} steps, "
               f"{plain['wall'] / plain['steps'] * 1000:.2f} ms/step (unprofiled)")
-        regions["emit without sample"] = regions.pop("emit", 0.0) - regions.get("sample", 0.0)
         print(f"  per step (profiled, {profiled['steps']} steps, ms): " +
               ", ".join(f"{k} {v:.2f}" for k, v in regions.items()))
-        print("  decode forward, self ms per step by op: " +
+        print("  forward, self ms per step by op: " +
               ", ".join(f"{k[6:]} {v:.2f}" for k, v in list(ops.items())[:10]))
     if len(results) == 2:
         low, high = (results[n] for n in sorted(results))

@@ -24,7 +24,8 @@ from transformers import (
 
 from lmforge.common.errors import ConfigError
 from lmforge.common.hf_package import write_hf_package
-from lmforge.common.model import GPT, GPTConfig, KVCache
+from lmforge.common.model import GPT, GPTConfig, PagedKVCache
+from lmforge.common.paged_attention import ScheduledChunk, build_paged_batch
 from lmforge.common.model_package import load_package, verify_package
 from tests.serving import EOT, train_tokenizer
 
@@ -97,14 +98,21 @@ def tokens(count: int, seed: int, batch: int | None = None) -> torch.Tensor:
 
 
 def greedy_with_kv_cache(model: GPT, prompt: torch.Tensor, new_tokens: int) -> list[int]:
-    """lmforge's decoding path: prefill into the KV cache, then one token at a time."""
-    cache, slot = KVCache(model.config, slots=1), torch.tensor([0])
-    logits = model.forward_cached(prompt[None], torch.arange(len(prompt))[None], cache, slot)
+    """lmforge's decoding path: prefill into the paged KV cache, then one token at a time."""
+    block = 8
+    cache = PagedKVCache(model.config, num_blocks=-(-model.config.context_length // block), block_size=block)
+    table = list(range(cache.num_blocks))[::-1]  # a sequence's blocks need not be in order
+
+    def forward(new: torch.Tensor, start: int) -> torch.Tensor:
+        batch = build_paged_batch([ScheduledChunk(table, start, len(new))], block, "cpu")
+        return model.forward_paged(new, cache, batch, torch.tensor([len(new) - 1]))
+
+    logits = forward(prompt, 0)
     generated = []
     for position in range(len(prompt), len(prompt) + new_tokens):
-        token = logits[0, -1].argmax()
+        token = logits[-1].argmax()
         generated.append(int(token))
-        logits = model.forward_cached(token.view(1, 1), torch.tensor([[position]]), cache, slot)
+        logits = forward(token.view(1), position)
     return generated
 
 

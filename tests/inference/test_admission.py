@@ -17,7 +17,7 @@ from tests.serving import running_server
 
 @pytest.fixture(scope="module")
 def slow_server(tiny_package, tmp_path_factory):
-    """One slot, one waiting place, 100 ms per engine step: easy to fill, slow to finish."""
+    """One running sequence, one waiting place, 100 ms per engine step: easy to fill, slow to finish."""
     log = tmp_path_factory.mktemp("slow") / "serve.log"
     with running_server(tiny_package, "engine.max_running=1", "engine.max_waiting=1",
                         "engine.step_delay_seconds=0.1", "retry_after_seconds=3", log_path=log) as url:
@@ -49,13 +49,14 @@ def test_a_full_queue_answers_429_with_retry_after(slow_server):
     assert metric(slow_server, "lmforge_inference_requests_total", status="429") == codes.count(429)
 
 
-def test_a_client_that_disconnects_frees_its_slot(slow_server):
+def test_a_client_that_disconnects_frees_its_kv_blocks(slow_server):
     before = metric(slow_server, "lmforge_inference_finished_requests_total", finish_reason="cancelled")
     body = {"prompt": "The train", "max_tokens": 80, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{slow_server}/v1/completions", json=body, timeout=30) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
-        assert metric(slow_server, "lmforge_inference_kv_cache_usage_ratio") == 1.0
+        assert metric(slow_server, "lmforge_inference_kv_cache_usage_ratio") > 0  # its KV blocks
+        assert metric(slow_server, "lmforge_inference_requests_running") == 1
     # closed after one chunk of 80: the engine must drop the sequence long before it would end
     wait_for(lambda: metric(slow_server, "lmforge_inference_kv_cache_usage_ratio") == 0.0, timeout=1.0)
     assert metric(slow_server, "lmforge_inference_requests_running") == 0

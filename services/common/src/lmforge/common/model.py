@@ -6,7 +6,7 @@ Pre-norm blocks (LayerNorm or RMSNorm), rotary (default) or learned positions, g
 MLP or a mixture of experts (lmforge.common.moe), tied or untied embeddings, residual
 projections initialised with std 0.02/sqrt(2·n_layer). The configuration and presets are in
 lmforge.common.model_config, RoPE in lmforge.common.rope, the inference cache in
-lmforge.common.kv_cache; all are importable from here.
+lmforge.common.kv_cache (paged; attention over it in lmforge.common.paged_attention); all are importable from here.
 
 The model holds no parallelism (torchtitan's split): the trainer wraps it. Each MLP projection
 is its own Linear, so tensor parallelism can shard attn.query/key/value, mlp.gate and mlp.up by
@@ -22,13 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.common.kv_cache import KVCache
+from lmforge.common.kv_cache import PagedKVCache
 from lmforge.common.model_config import PRESETS, GPTConfig, RopeScaling
 from lmforge.common.moe import MoE, moe_layers
+from lmforge.common.paged_attention import PagedBatch, paged_attention
 from lmforge.common.rope import apply_rope, apply_rope_at, llama3_scaled, rope_frequencies, rope_tables
 
 __all__ = [
-    "GPT", "PRESETS", "GPTConfig", "KVCache", "RopeScaling", "apply_rope", "apply_rope_at", "flops_per_token",
+    "GPT", "PRESETS", "GPTConfig", "PagedKVCache", "RopeScaling", "apply_rope", "apply_rope_at", "flops_per_token",
     "fuse_qkv", "llama3_scaled", "parameter_counts", "rope_frequencies", "rope_tables",
 ]
 
@@ -110,26 +111,16 @@ class CausalSelfAttention(nn.Module):
                                            enable_gqa=self.kv_heads != self.heads)
         return self._output(y)
 
-    def forward_cached(self, x: torch.Tensor, rope, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                       positions: torch.Tensor, first_slot: int | None = None) -> torch.Tensor:
-        """New tokens x (B, T, C) at `positions` (B, T) of the sequences in cache `slots` (B,):
-        their keys and values are written into the cache, then they attend to every cached
-        position up to their own. `first_slot` says the slots are first_slot..first_slot+B-1,
-        so the cache is read through a view instead of a gathering copy."""
-        batch = x.shape[0]
-        q, k, v = self._project(x)
+    def forward_paged(self, x: torch.Tensor, rope, keys: torch.Tensor, values: torch.Tensor,
+                      batch: PagedBatch) -> torch.Tensor:
+        """The packed new tokens x (1, N, C) of one engine step (lmforge.common.paged_attention):
+        their keys and values go into the paged cache, then each attends to its own sequence."""
+        q, k, v = self._project(x)  # (1, heads, N, D)
         if rope is not None:
+            positions = batch.positions[None]
             q, k = apply_rope_at(q, *rope, positions), apply_rope_at(k, *rope, positions)
-        rows = slots[:, None]
-        keys[rows, :, positions] = k.transpose(1, 2).to(keys.dtype)  # (B, T, kv_heads, D) at (slot, :, position)
-        values[rows, :, positions] = v.transpose(1, 2).to(values.dtype)
-        span = int(positions.max()) + 1
-        mask = torch.arange(span, device=x.device)[None, None, None, :] <= positions[:, None, :, None]
-        rows_read = slice(first_slot, first_slot + batch) if first_slot is not None else slots
-        y = F.scaled_dot_product_attention(q, keys[rows_read, :, :span].to(q.dtype),
-                                           values[rows_read, :, :span].to(q.dtype), attn_mask=mask,
-                                           enable_gqa=self.kv_heads != self.heads)
-        return self._output(y)
+        y = paged_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), keys, values, batch)
+        return self.proj(y.reshape(1, y.shape[0], -1))
 
 
 class MLP(nn.Module):
@@ -207,8 +198,8 @@ class Block(nn.Module):
         x = x + self.dropout(self.attn(self.ln_1(x), rope, positions))
         return x + self.dropout(self.mlp(self.ln_2(x)))
 
-    def forward_cached(self, x: torch.Tensor, rope, keys, values, slots, positions, first_slot=None) -> torch.Tensor:
-        x = x + self.attn.forward_cached(self.ln_1(x), rope, keys, values, slots, positions, first_slot)
+    def forward_paged(self, x: torch.Tensor, rope, keys, values, batch: PagedBatch) -> torch.Tensor:
+        x = x + self.attn.forward_paged(self.ln_1(x), rope, keys, values, batch)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -270,22 +261,22 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def forward_cached(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                       slots: torch.Tensor, first_slot: int | None = None) -> torch.Tensor:
-        """Inference with a KV cache: logits (B, T, vocab) for new tokens idx (B, T) at
-        `positions` (B, T) of the sequences held in cache `slots` (B,). Prefill passes a
-        prompt (positions 0..T-1); decode passes one token per sequence. Pass `first_slot`
-        when the slots are consecutive (first_slot, first_slot+1, …): the cache is then read
-        without copying."""
-        if int(positions.max()) >= self.config.context_length:
-            raise ValueError(f"position {int(positions.max())} exceeds the context length "
+    def forward_paged(self, tokens: torch.Tensor, cache: PagedKVCache, batch: PagedBatch,
+                      logits_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Inference over a paged KV cache: the packed new tokens (N,) of one engine step, at
+        `batch.positions` of their sequences (lmforge.common.paged_attention). Returns the
+        logits (M, vocab) of the tokens at `logits_index` (default: all N): a prefill chunk
+        needs only its last token's."""
+        if int(batch.positions.max()) >= self.config.context_length:
+            raise ValueError(f"position {int(batch.positions.max())} exceeds the context length "
                              f"{self.config.context_length}")
-        x = self.wte(idx)
+        x = self.wte(tokens)[None]
         if self.wpe is not None:
-            x = x + self.wpe(positions)
+            x = x + self.wpe(batch.positions)[None]
         rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
         for layer, block in enumerate(self.blocks):
-            x = block.forward_cached(x, rope, cache.keys[layer], cache.values[layer], slots, positions, first_slot)
+            x = block.forward_paged(x, rope, cache.keys[layer], cache.values[layer], batch)
+        x = x[0] if logits_index is None else x[0, logits_index]
         return self.lm_head(self.ln_f(x))
 
     def _moe_layers(self) -> list[MoE]:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lmforge.common.kv_cache import KVCache
+from lmforge.common.kv_cache import PagedKVCache
 from lmforge.common.model import PRESETS, GPTConfig, parameter_counts
 
 
@@ -33,7 +33,7 @@ def preset_size(name: str) -> PresetSize:
     experts = f"{config.moe.num_experts}×top-{config.moe.top_k}" if config.moe else ""
     return PresetSize(name, config.n_layer, config.n_embd, config.n_head, config.kv_heads, config.ffn_hidden_size,
                       experts, config.vocab_size, config.context_length, total, active,
-                      KVCache.bytes_per_token(config, torch.bfloat16))
+                      PagedKVCache.bytes_per_token(config, torch.bfloat16))
 
 
 def preset_sizes() -> list[PresetSize]:

@@ -10,8 +10,23 @@ from lmforge.common.config import StrictModel, load_config
 
 
 class EngineConfig(StrictModel):
-    max_running: int = Field(8, ge=1, description="sequences decoded together; each owns a KV-cache slot")
+    """The engine: continuous batching over a paged KV cache with chunked prefill and prefix caching
+    (vLLM's design; its defaults where they carry over)."""
+
+    max_running: int = Field(64, ge=1, description="most sequences in the running batch (vLLM's max_num_seqs); "
+                                                   "KV blocks are the usual limit")
     max_waiting: int = Field(64, ge=0, description="queued requests beyond which the API answers 429")
+    max_batched_tokens: int = Field(512, ge=1, description="tokens computed per engine step (vLLM's "
+                                    "max_num_batched_tokens): decodes first, then prompt chunks; a longer prompt "
+                                    "is prefilled over several steps while the others keep decoding")
+    block_size: int = Field(16, ge=1, description="tokens per KV-cache block (vLLM's default)")
+    kv_cache_bytes: int | None = Field(None, ge=1, description="the KV-cache pool's size; unset: "
+                                       "kv_cache_memory_fraction of the GPU's free memory after loading the "
+                                       "model, or 8 full contexts on CPU. It must hold one full context")
+    kv_cache_memory_fraction: float = Field(0.5, gt=0, le=0.95, description="with kv_cache_bytes unset, on a "
+                                            "GPU: the share of free memory taken by the KV-cache pool")
+    prefix_caching: bool = Field(True, description="keep computed full KV blocks keyed by their token prefix and "
+                                 "reuse them for prompts that start the same (system prompts, few-shot examples)")
     step_delay_seconds: float = Field(0.0, ge=0, description="artificial delay per engine step (alert drills)")
 
 

@@ -1,62 +1,83 @@
-"""The engine (vLLM's split: this file knows nothing of HTTP): a scheduler that admits
-waiting requests into the running batch at every step (continuous batching), prefill and
-batched decode over a slot-per-sequence KV cache, sampling, and retirement of finished
-sequences. The API layer drives `step()` from one background thread."""
+"""The engine (vLLM's split: this file knows nothing of HTTP): at every step the scheduler
+picks the sequences and token counts (continuous batching, chunked prefill, paged KV blocks,
+prefix caching), the model runner computes them in one forward and samples the batch, and the
+engine appends the tokens and retires finished sequences. The API layer drives `step()` from
+one background thread (lmforge.inference.runner)."""
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
-from lmforge.common.model import GPT, KVCache
-from lmforge.inference.sampling import SamplingParams, sample
+from lmforge.common.model import GPT, PagedKVCache
+from lmforge.inference.block_manager import BlockManager
+from lmforge.inference.model_runner import ModelRunner
+from lmforge.inference.sampling import SamplingParams
+from lmforge.inference.scheduler import Scheduler
+from lmforge.inference.sequence import Sequence
+from lmforge.inference.stats import EngineStats
+
+__all__ = ["Engine", "QueueFull", "Sequence", "kv_cache_blocks"]
+
+DEFAULT_CPU_CONTEXTS = 8  # on CPU, without kv_cache_bytes: room for this many full contexts
 
 
 class QueueFull(Exception):
     """The waiting queue is at capacity (the API answers 429 with Retry-After)."""
 
 
-@dataclass(eq=False)
-class Sequence:
-    id: int
-    prompt: list[int]
-    params: SamplingParams
-    generator: torch.Generator | None
-    output: list[int] = field(default_factory=list)
-    slot: int | None = None
-    finish_reason: str | None = None  # "length", "stop", "cancelled"
-    logprobs: list[float] = field(default_factory=list)  # of each output token, when asked for
-    top_logprobs: list[dict[int, float]] = field(default_factory=list)
-    arrived: float = field(default_factory=time.monotonic)  # time.monotonic() throughout
-    scheduled_at: float | None = None  # admitted into the running batch: prefill starts
-    first_token_at: float | None = None  # prefill done
-    finished_at: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+def kv_cache_blocks(model: GPT, block_size: int, kv_cache_bytes: int | None,
+                    memory_fraction: float) -> int:
+    """The pool's size in blocks: `kv_cache_bytes` if set; else `memory_fraction` of the CUDA
+    device's free memory (after the model is loaded), or DEFAULT_CPU_CONTEXTS full contexts on
+    CPU. It must hold at least one full context."""
+    config = model.config
+    parameter = next(model.parameters())
+    per_block = block_size * PagedKVCache.bytes_per_token(config, parameter.dtype)
+    if kv_cache_bytes is None:
+        if parameter.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(parameter.device)
+            kv_cache_bytes = int(free * memory_fraction)
+        else:
+            kv_cache_bytes = DEFAULT_CPU_CONTEXTS * config.context_length * per_block // block_size
+    blocks = kv_cache_bytes // per_block
+    needed = -(-config.context_length // block_size)
+    if blocks < needed:
+        raise ValueError(f"a KV cache of {kv_cache_bytes:,} bytes holds {blocks} blocks of {block_size} tokens; "
+                         f"one full context ({config.context_length} tokens) needs {needed} "
+                         f"({needed * per_block:,} bytes)")
+    return blocks
 
 
 class Engine:
-    def __init__(self, model: GPT, *, max_running: int = 8, max_waiting: int = 64, eos_id: int | None = None,
-                 step_delay_seconds: float = 0.0):
+    def __init__(self, model: GPT, *, max_running: int = 64, max_waiting: int = 64, eos_id: int | None = None,
+                 step_delay_seconds: float = 0.0, kv_cache_bytes: int | None = None,
+                 kv_cache_memory_fraction: float = 0.5, block_size: int = 16, max_batched_tokens: int = 512,
+                 prefix_caching: bool = True):
         self.model = model.eval()
         self.step_delay_seconds = step_delay_seconds  # an artificial slowdown, for alert drills
         self.config = model.config
         self.device = next(model.parameters()).device
-        self.cache = KVCache(model.config, max_running, device=self.device,
-                             dtype=next(model.parameters()).dtype)
+        num_blocks = kv_cache_blocks(model, block_size, kv_cache_bytes, kv_cache_memory_fraction)
+        self.cache = PagedKVCache(self.config, num_blocks, block_size, device=self.device,
+                                  dtype=next(model.parameters()).dtype)
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        self.scheduler = Scheduler(self.blocks, max_running=max_running, max_batched_tokens=max_batched_tokens)
+        self.runner = ModelRunner(self.model, self.cache)
         self.max_waiting = max_waiting
         self.eos_id = eos_id
-        self.waiting: deque[Sequence] = deque()
-        self.running: dict[int, Sequence] = {}  # slot → sequence
-        self._free_slots = list(range(max_running))  # a heap: the lowest free slot is taken first
         self._ids = itertools.count()
+
+    @property
+    def waiting(self) -> deque[Sequence]:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
 
     # -- requests ------------------------------------------------------------------------
 
@@ -79,31 +100,28 @@ class Engine:
         self.waiting.append(seq)
 
     def cancel(self, seq: Sequence) -> None:
-        """Drop a request (its client went away): out of the queue, or its slot freed."""
-        if seq.finished:
-            return
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self._finish(seq, "cancelled")
+        """Drop a request (its client went away): out of the queue, or its blocks freed."""
+        if not seq.finished:
+            self._finish(seq, "cancelled")
 
     @property
     def kv_cache_usage(self) -> float:
-        return len(self.running) / self.cache.slots
+        """KV blocks in use over blocks in the pool."""
+        return self.blocks.num_used / self.blocks.num_blocks
 
-    # -- one scheduling step ---------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        stats = self.scheduler.stats
+        stats.kv_blocks_in_use = self.blocks.num_used
+        return stats
 
-    @torch.no_grad()
+    # -- scoring (no cache; between steps) -----------------------------------------------------
+
     def score(self, tokens: list[int]) -> list[float]:
-        """The log-probability of each token after the first given the ones before it
-        (teacher forcing; no cache slot is used)."""
+        """The log-probability of each token after the first given the ones before it."""
         if not 2 <= len(tokens) <= self.config.context_length:
             raise ValueError(f"scoring needs 2 to {self.config.context_length} tokens, got {len(tokens)}")
-        ids = torch.tensor([tokens], device=self.device)
-        logits, _ = self.model(ids)
-        logprobs = torch.log_softmax(logits[0, :-1].float(), dim=-1)
-        return logprobs.gather(1, ids[0, 1:, None]).squeeze(1).tolist()
+        return self.runner.prompt_logprobs(tokens, 0)[0]
 
-    @torch.no_grad()
     def prompt_logprobs(self, tokens: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
         """For each token after the first: its logprob given the ones before it and, with `top`,
         the `top` most likely tokens' logprobs there (an echoed prompt's logprobs)."""
@@ -111,65 +129,44 @@ class Engine:
             raise ValueError(f"a prompt needs 1 to {self.config.context_length} tokens, got {len(tokens)}")
         if len(tokens) == 1:
             return [], []
-        ids = torch.tensor([tokens], device=self.device)
-        logits, _ = self.model(ids)
-        logprobs = torch.log_softmax(logits[0, :-1].float(), dim=-1)
-        chosen = logprobs.gather(1, ids[0, 1:, None]).squeeze(1).tolist()
-        if not top:
-            return chosen, []
-        values, indices = torch.topk(logprobs, top, dim=-1)
-        return chosen, [dict(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+        return self.runner.prompt_logprobs(tokens, top)
 
-    @torch.no_grad()
+    # -- one step ------------------------------------------------------------------------------
+
     def step(self) -> list[tuple[Sequence, int]]:
-        """Admit, prefill, decode, retire; returns the (sequence, token) pairs produced."""
+        """Schedule, compute, sample, retire; returns the (sequence, token) pairs produced."""
         if self.step_delay_seconds:
             time.sleep(self.step_delay_seconds)
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        sampling, sampled = self.runner.execute(scheduled)
+        for seq, count in scheduled:
+            self.scheduler.computed(seq, count)
         produced = []
-        decoding = [self.running[slot] for slot in sorted(self.running)]
-        while self.waiting and self._free_slots:
-            seq = self.waiting.popleft()
-            seq.scheduled_at = time.monotonic()
-            seq.slot = heapq.heappop(self._free_slots)
-            self.running[seq.slot] = seq
-            logits = self.model.forward_cached(torch.tensor([seq.prompt], device=self.device),
-                                               torch.arange(len(seq.prompt), device=self.device)[None],
-                                               self.cache, torch.tensor([seq.slot], device=self.device))
-            produced.append(self._emit(seq, logits[0, -1]))
-        if decoding:
-            last = torch.tensor([[s.output[-1]] for s in decoding], device=self.device)
-            positions = torch.tensor([[len(s.prompt) + len(s.output) - 1] for s in decoding], device=self.device)
-            slot_ids = [s.slot for s in decoding]
-            consecutive = slot_ids == list(range(slot_ids[0], slot_ids[0] + len(slot_ids)))
-            logits = self.model.forward_cached(last, positions, self.cache, torch.tensor(slot_ids, device=self.device),
-                                               first_slot=slot_ids[0] if consecutive else None)
-            produced += [self._emit(seq, logits[row, -1]) for row, seq in enumerate(decoding)]
+        for row, index in enumerate(sampling):
+            seq = scheduled[index][0]
+            if seq.params.logprobs is not None:
+                seq.logprobs.append(sampled.logprobs[row])
+                if seq.params.logprobs:
+                    seq.top_logprobs.append(sampled.top_logprobs[row])
+            produced.append((seq, self._append(seq, sampled.tokens[row])))
         return produced
 
-    def _emit(self, seq: Sequence, logits: torch.Tensor) -> tuple[Sequence, int]:
-        token = sample(logits, seq.params, seq.generator)
-        if seq.params.logprobs is not None:
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            seq.logprobs.append(float(logprobs[token]))
-            if seq.params.logprobs:
-                top = torch.topk(logprobs, seq.params.logprobs)
-                seq.top_logprobs.append(dict(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
+    def _append(self, seq: Sequence, token: int) -> int:
         seq.output.append(token)
         if seq.first_token_at is None:
             seq.first_token_at = time.monotonic()
         if token in seq.params.stop_token_ids or token == self.eos_id:
             self._finish(seq, "stop")
-        elif len(seq.output) >= seq.params.max_tokens or \
-                len(seq.prompt) + len(seq.output) >= self.config.context_length:
+        elif len(seq.output) >= seq.params.max_tokens or seq.num_tokens >= self.config.context_length:
             self._finish(seq, "length")
-        return seq, token
+        return token
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
         seq.finished_at = time.monotonic()
-        if seq.slot is not None and self.running.get(seq.slot) is seq:
-            del self.running[seq.slot]
-            heapq.heappush(self._free_slots, seq.slot)
+        self.scheduler.finish(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

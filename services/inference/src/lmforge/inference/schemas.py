@@ -26,6 +26,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(None, ge=0)  # the upper bound is the server's max_tokens_limit
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(-1, ge=-1)  # vLLM's extension (-1 or 0: off), which its clients send in extra_body
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = Field(None, validate_default=True)  # always a list once validated
     seed: int | None = Field(None, ge=0, lt=2**63)

@@ -128,12 +128,12 @@ def load_model(package: str, config: ServeConfig, device: str, *, model_name: st
     if device == "cuda":
         model = model.to(torch.bfloat16)
     codec = Codec(path / TOKENIZER)
-    engine = Engine(model, max_running=config.engine.max_running, max_waiting=config.engine.max_waiting,
-                    eos_id=codec.eos_id, step_delay_seconds=config.engine.step_delay_seconds)
+    engine = Engine(model, eos_id=codec.eos_id, **config.engine.model_dump())
     runner = EngineRunner(engine)
     runner.start()
     log.info("model_loaded", model=package, model_name=model_name, step=meta.get("step"), device=device,
              parameters=sum(p.numel() for p in model.parameters()), kv_cache_bytes=engine.cache.bytes,
+             kv_cache_blocks=engine.cache.num_blocks,
              max_chars_per_token=codec.max_chars_per_token, seconds=round(time.monotonic() - started, 2))
     return ServedModel(package, path, meta.get("step"), codec, runner, model.config.context_length)
 

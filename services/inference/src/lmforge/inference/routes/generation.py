@@ -139,7 +139,7 @@ def start(service: InferenceService, served: ServedModel, prompts: list[list[int
                 if max_tokens:
                     seed = None if body.seed is None else (body.seed + i) % 2**63
                     params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                            seed=seed, logprobs=logprobs)
+                                            top_k=max(body.top_k, 0), seed=seed, logprobs=logprobs)
                     handle = service.submit(served, ids, params)
                 generations.append(Generation(len(generations), p, handle))
     except BaseException as exc:

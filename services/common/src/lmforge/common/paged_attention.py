@@ -1,0 +1,104 @@
+"""Attention over a paged KV cache (lmforge.common.kv_cache.PagedKVCache) for one engine step.
+
+A step packs the new tokens of every scheduled sequence into one flat batch of N tokens: a
+decoding sequence brings one, a prefilling one a chunk of its prompt. Projections and MLPs run
+on the N tokens at once; only attention needs each sequence's own keys. For that the step's
+sequences form two groups, decodes (one query each) and prefill chunks (padded to the longest
+chunk), so a 500-token chunk does not pad 16 single-token decodes to 500 queries. Each group
+gathers its sequences' cached keys and values through their block tables into a dense
+(b, kv_heads, L, head_dim) copy and calls scaled_dot_product_attention with a mask (a query at
+position p sees positions ≤ p of its own sequence).
+
+On CPU that gather plus SDPA is the whole story. On a GPU the same code runs; with a boolean
+mask SDPA picks its memory-efficient kernel (not flash attention, which takes no mask), and the
+gather costs one extra read and write of the attended keys and values per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionGroup:
+    query_index: torch.Tensor  # (b, t): each query's index in the packed tokens (padding repeats a valid one)
+    query_valid: torch.Tensor  # (b, t) bool: False for padding
+    key_slots: torch.Tensor  # (b, L): the cache slot of each key position (padding: slot 0, masked)
+    mask: torch.Tensor  # (b, 1, t, L) bool: True where the query attends
+
+
+@dataclass
+class PagedBatch:
+    """What attention needs to know about one step's packed tokens, shared by every layer."""
+
+    positions: torch.Tensor  # (N,): each token's position in its sequence
+    slot_mapping: torch.Tensor  # (N,): the cache slot each token's key and value are written to
+    groups: list[AttentionGroup]
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One sequence's part of a step: tokens start..start+count-1 are new, stored through `block_table`."""
+
+    block_table: list[int]
+    start: int  # tokens already in the cache (its computed prefix)
+    count: int  # new tokens this step
+
+
+def build_paged_batch(chunks: list[ScheduledChunk], block_size: int, device) -> PagedBatch:
+    """The metadata of one step whose packed tokens are `chunks`' new tokens, in order."""
+    positions, slots, offsets = [], [], []
+    for chunk in chunks:
+        offsets.append(len(positions))
+        for position in range(chunk.start, chunk.start + chunk.count):
+            positions.append(position)
+            slots.append(chunk.block_table[position // block_size] * block_size + position % block_size)
+    groups = []
+    for wanted in (lambda c: c.count == 1, lambda c: c.count > 1):
+        members = [(chunk, offset) for chunk, offset in zip(chunks, offsets, strict=True) if wanted(chunk)]
+        if members:
+            groups.append(_group(members, block_size, device))
+    return PagedBatch(torch.tensor(positions, device=device), torch.tensor(slots, device=device), groups)
+
+
+def _group(members: list[tuple[ScheduledChunk, int]], block_size: int, device) -> AttentionGroup:
+    width = max(chunk.count for chunk, _ in members)
+    length = max(chunk.start + chunk.count for chunk, _ in members)
+    blocks = -(-length // block_size)
+    start = torch.tensor([chunk.start for chunk, _ in members])
+    count = torch.tensor([chunk.count for chunk, _ in members])
+    offset = torch.tensor([offset for _, offset in members])
+    table = torch.tensor([chunk.block_table[:blocks] + [0] * (blocks - min(blocks, len(chunk.block_table)))
+                          for chunk, _ in members])
+    column = torch.arange(width)
+    valid = column[None, :] < count[:, None]
+    query_index = torch.where(valid, offset[:, None] + column[None, :], offset[:, None])
+    query_position = torch.where(valid, start[:, None] + column[None, :], 0)
+    key_position = torch.arange(length)
+    key_slots = table[:, key_position // block_size] * block_size + key_position % block_size
+    mask = key_position[None, None, :] <= query_position[:, :, None]
+    return AttentionGroup(query_index.to(device), valid.to(device), key_slots.to(device), mask[:, None].to(device))
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    batch: PagedBatch) -> torch.Tensor:
+    """q (N, n_head, D), k and v (N, kv_heads, D) of the packed new tokens, after RoPE: their keys
+    and values are written to the cache, then each query attends to its sequence's cached
+    positions up to its own. Returns (N, n_head, D)."""
+    keys.index_copy_(0, batch.slot_mapping, k.to(keys.dtype))
+    values.index_copy_(0, batch.slot_mapping, v.to(values.dtype))
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != k.shape[1]
+    for group in batch.groups:
+        rows, length = group.key_slots.shape
+        flat = group.key_slots.reshape(-1)
+        group_keys = keys.index_select(0, flat).view(rows, length, *keys.shape[1:]).transpose(1, 2)
+        group_values = values.index_select(0, flat).view(rows, length, *values.shape[1:]).transpose(1, 2)
+        queries = q[group.query_index].transpose(1, 2)  # (b, n_head, t, D)
+        y = F.scaled_dot_product_attention(queries, group_keys.to(q.dtype), group_values.to(q.dtype),
+                                           attn_mask=group.mask, enable_gqa=gqa)
+        out[group.query_index[group.query_valid]] = y.transpose(1, 2)[group.query_valid]
+    return out

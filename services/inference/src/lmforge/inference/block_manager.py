@@ -1,0 +1,102 @@
+"""The paged KV cache's bookkeeping (no tensors): which blocks are free, which a sequence
+holds, and the prefix cache (vLLM's automatic prefix caching).
+
+A full block is identified by the hash of its tokens chained with its predecessor's hash, so
+equal hashes mean equal prefixes up to and including that block. Once a full block's keys
+and values are computed it is registered under its hash; a later sequence whose prompt starts
+with the same blocks takes them instead of prefilling them again (a block may be shared by
+many sequences: reference counts). A block nobody holds stays cached and counts as free: it
+is reused in least-recently-freed order only when no never-cached block is left.
+
+Hashes are Python's 64-bit hash of (previous hash, token tuple); for ints it is stable within a
+process, which is all the cache lives for.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
+        self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching
+        self._refs = [0] * num_blocks
+        self._hash_of: list[int | None] = [None] * num_blocks
+        self._fresh: deque[int] = deque(range(num_blocks))  # free, holding nothing cached
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, least recently freed first
+        self._cached: dict[int, int] = {}  # block hash → block
+
+    @property
+    def num_free(self) -> int:
+        return len(self._fresh) + len(self._evictable)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def chain_hashes(self, hashes: list[int], tokens: list[int]) -> None:
+        """Extend `hashes` (a sequence's full-block hashes so far) over the full blocks of `tokens`."""
+        size = self.block_size
+        for index in range(len(hashes), len(tokens) // size):
+            previous = hashes[-1] if hashes else None
+            hashes.append(hash((previous, tuple(tokens[index * size:(index + 1) * size]))))
+
+    def cached_prefix(self, hashes: list[int], max_blocks: int) -> list[int]:
+        """The cached blocks holding the longest prefix of these full-block hashes (at most max_blocks)."""
+        if not self.prefix_caching:
+            return []
+        blocks = []
+        for block_hash in hashes[:max_blocks]:
+            block = self._cached.get(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def free_after_taking(self, blocks: list[int]) -> int:
+        """Free blocks left once these cached blocks are taken (those nobody held were free)."""
+        return self.num_free - sum(1 for block in blocks if self._refs[block] == 0)
+
+    def take(self, blocks: list[int]) -> None:
+        """Hold cached blocks (prefix-cache hits)."""
+        for block in blocks:
+            if self._refs[block] == 0:
+                del self._evictable[block]
+            self._refs[block] += 1
+
+    def allocate(self, count: int) -> list[int]:
+        """`count` blocks for new tokens: never-cached ones first, then the least recently freed cached ones."""
+        if count > self.num_free:
+            raise RuntimeError(f"{count} KV blocks wanted, {self.num_free} free")
+        blocks = []
+        for _ in range(count):
+            if self._fresh:
+                block = self._fresh.popleft()
+            else:
+                block, _ = self._evictable.popitem(last=False)
+                del self._cached[self._hash_of[block]]
+                self._hash_of[block] = None
+            self._refs[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def release(self, blocks: list[int]) -> None:
+        """Let go of a sequence's blocks. Its last blocks are freed first, so that, evicted in that
+        order, a cached prefix's first blocks (the most shared) are kept the longest."""
+        for block in reversed(blocks):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if self._hash_of[block] is None:
+                    self._fresh.append(block)
+                else:
+                    self._evictable[block] = None
+
+    def register(self, block: int, block_hash: int) -> None:
+        """A full block's keys and values are computed: cache it under its prefix hash (unless the
+        same prefix is already cached in another block, computed at the same time)."""
+        if self.prefix_caching and self._hash_of[block] is None and block_hash not in self._cached:
+            self._cached[block_hash] = block
+            self._hash_of[block] = block_hash
