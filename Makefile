@@ -148,10 +148,12 @@ bench-serve: setup ## lmforge-serve under concurrent streaming load: tokens/s, T
 	$(PY) bench/serve/serve_bench.py
 
 # Every GPU figure in docs/benchmarks.md, on a machine with CUDA devices (fails fast without one).
-bench-gpu: setup ## every GPU figure: training MFU (350m, llama-350m, llama-1b, beside the planner's; llama-1b Float8 and activation checkpointing), serving
+bench-gpu: setup ## every GPU figure: training MFU (350m, llama-350m, llama-1b, beside the planner's; llama-1b Float8 and activation checkpointing), serving vs HF generate
 	$(PY) bench/train_throughput.py --suite gpu
 	$(PY) bench/train_memory.py --device cuda --preset 350m --ranks 1
 	$(PY) bench/serve/serve_bench.py --suite gpu
+	$(PY) bench/serve/hf_generate_bench.py
+	$(PY) bench/serve/serve_vs_hf.py
 
 # -- Images ---------------------------------------------------------------------------------------
 .PHONY: test-images image-tools base-image images image-locks $(addprefix image-,$(IMAGE_SERVICES))

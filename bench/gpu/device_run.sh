@@ -14,6 +14,8 @@
 # $OUT as they come (the training bench rewrites its JSON after every row):
 #   A  training MFU, bf16, FSDP on 1 GPU, torch.compile: 350m, llama-350m, llama-1b  -> train-throughput-gpu.json
 #   B  serving: lmforge-serve 350m, 1/16/64 clients (1 round)                        -> serve-gpu.json, serve-server.log
+#   B2 serving baseline: transformers generate, static cache, same model and prompts,  -> hf-generate-gpu.json,
+#      64/16/1 clients (1 round), then the table lmforge vs HF (bench/serve/serve_vs_hf.py) serve-vs-hf-gpu.json/.md
 #   C  training memory: DDP vs FSDP2, 350m, 1 rank                                     -> train-memory.json
 #   D1 llama-1b Float8 (tensorwise) and activation checkpointing, against A's bf16 row -> train-throughput-gpu-float8-ac.json
 #   D2 350m fp32 (against A's 350m bf16 row)                                           -> train-throughput-gpu-fp32.json
@@ -21,7 +23,9 @@
 #
 # Shortened against `make bench-gpu`: 30 training steps per row instead of 60 (medians over steps
 # 10..29), one serving round instead of two. BENCH_DEVICE=cpu runs the same parts on CPU with tiny
-# models (a check of the code paths and of this script, no figure); PY picks the interpreter.
+# models (a check of the code paths and of this script, no figure); PY picks the interpreter;
+# HF_COMPILE=off runs B2's generate eagerly (default auto: transformers compiles the decoding step
+# with a static cache, about one compilation per client count, in the warm-up).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/out/device}
@@ -82,11 +86,13 @@ if [ "$DEVICE" = cuda ]; then
   TRAIN=(--seq-len 1024 --batch 16 --gpu-steps 30 --row-timeout 170)
   A_PRESETS=350m,llama-350m,llama-1b F8=llama-1b FP32=350m
   SERVE=(--suite gpu --rounds 1)
+  HF=(--clients 64 16 1 --rounds 1 --compile "${HF_COMPILE:-auto}")  # the goal's row first
   MEMORY=(--device cuda --preset 350m --ranks 1)
 else  # the same code paths on CPU, tiny models
   TRAIN=(--device cpu --seq-len 32 --batch 4 --gpu-steps 6 --no-compile --row-timeout 120)
   A_PRESETS=tiny,llama-debug F8=llama-debug FP32=tiny
   SERVE=(--suite gpu --device cpu --preset tiny --clients 1 4 --requests 4 --max-tokens 8 --rounds 1)
+  HF=(--device cpu --preset tiny --clients 4 1 --requests 4 --max-tokens 8 --rounds 1)
   MEMORY=(--device cpu --preset tiny --ranks 1)
 fi
 
@@ -94,6 +100,12 @@ part "A training bf16" 230 "$PY" bench/train_throughput.py --suite gpu "${TRAIN[
   --runs plain --out "$OUT"
 part "B serving" 130 "$PY" bench/serve/serve_bench.py "${SERVE[@]}" --out "$OUT/serve-gpu.json"
 cp bench/out/serve/server-gpu-running*.log "$OUT/serve-server.log" 2>/dev/null
+part "B2 serving baseline: HF generate" 150 "$PY" bench/serve/hf_generate_bench.py "${HF[@]}" \
+  --out "$OUT/hf-generate-gpu.json"
+if [ -f "$OUT/serve-gpu.json" ] && [ -f "$OUT/hf-generate-gpu.json" ]; then  # seconds; both JSONs hold what finished
+  "$PY" bench/serve/serve_vs_hf.py --serve "$OUT/serve-gpu.json" --hf "$OUT/hf-generate-gpu.json" \
+    --out "$OUT/serve-vs-hf-gpu.json"
+fi
 part "C training memory" 60 "$PY" bench/train_memory.py "${MEMORY[@]}" --out "$OUT"
 BASELINE=()  # A's llama-1b bf16 row, for the ratios (the JSON is there once A finished a row)
 [ -f "$OUT/train-throughput-gpu.json" ] && BASELINE=(--baseline "$OUT/train-throughput-gpu.json")
