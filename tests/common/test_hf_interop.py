@@ -25,8 +25,8 @@ from transformers import (
 from lmforge.common.errors import ConfigError
 from lmforge.common.hf_package import write_hf_package
 from lmforge.common.model import GPT, GPTConfig, PagedKVCache
-from lmforge.common.paged_attention import ScheduledChunk, build_paged_batch
 from lmforge.common.model_package import load_package, verify_package
+from lmforge.common.paged_attention import ScheduledChunk, build_paged_batch
 from tests.serving import EOT, train_tokenizer
 
 VOCAB = 320
