@@ -29,7 +29,7 @@ def long_context_package(tiny_package, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_package, tmp_path_factory):
-    """A default lmforge-serve (4 slots), its log file beside it."""
+    """A default lmforge-serve (at most 4 sequences running), its log file beside it."""
     log = tmp_path_factory.mktemp("server") / "serve.log"
     with running_server(tiny_package, "engine.max_running=4", log_path=log) as url:
         yield url, log

@@ -1,5 +1,5 @@
 """Admission control and client lifetimes: a full waiting queue answers 429 with Retry-After;
-a client that goes away has its sequence cancelled and its cache slot freed; API keys."""
+a client that goes away has its sequence cancelled and its KV blocks freed; API keys."""
 
 from __future__ import annotations
 

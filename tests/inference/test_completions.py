@@ -113,7 +113,7 @@ def test_greedy_equals_the_full_recompute_oracle_while_requests_join_and_leave(s
 
 
 def test_many_concurrent_clients_are_all_served(server):
-    url, _ = server  # 4 slots, 24 clients: most wait their turn in the queue
+    url, _ = server  # 4 running at most, 24 clients: most wait their turn in the queue
 
     async def run():
         async with httpx.AsyncClient(timeout=60) as client:
@@ -134,3 +134,6 @@ def test_seeded_sampling_is_reproducible(server):
     again = [complete(url, **body, seed=s)["choices"][0]["text"] for s in (1, 2, 3)]
     assert first == again
     assert len(set(first)) > 1
+    greedy = complete(url, prompt="Our", max_tokens=20, temperature=0)["choices"][0]["text"]
+    assert complete(url, **body, seed=1, top_k=1)["choices"][0]["text"] == greedy  # vLLM's top_k
+    assert complete(url, **body, seed=1, top_k=-1)["choices"][0]["text"] == first[0]  # -1: off
