@@ -12,11 +12,15 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from lmforge.inference.api import create_app
 from lmforge.inference.config import ServeConfig
+from lmforge.inference.metrics import ServeMetrics
 from lmforge.inference.service import InferenceService
+from lmforge.inference.stats import EngineStats
 from tests.inference.metrics_text import sample_value, samples
 from tests.ports import free_port
 from tests.serving import in_process_server, running_server
@@ -27,7 +31,21 @@ DESIGN_NAMES = [
     "lmforge_inference_requests_total", "lmforge_inference_prompt_tokens_total",
     "lmforge_inference_generation_tokens_total", "lmforge_inference_requests_running",
     "lmforge_inference_requests_waiting", "lmforge_inference_kv_cache_usage_ratio", "lmforge_inference_model_info",
+    "lmforge_inference_kv_cache_blocks", "lmforge_inference_kv_cache_blocks_in_use",
+    "lmforge_inference_preemptions_total", "lmforge_inference_prefix_cache_queries_total",
+    "lmforge_inference_prefix_cache_hits_total", "lmforge_inference_prefill_tokens_total",
 ]
+# The engine's series (EngineStats, read at scrape time) and their Prometheus types.
+ENGINE_TYPES = {
+    "lmforge_inference_kv_cache_usage_ratio": "gauge", "lmforge_inference_kv_cache_blocks": "gauge",
+    "lmforge_inference_kv_cache_blocks_in_use": "gauge", "lmforge_inference_preemptions": "counter",
+    "lmforge_inference_prefix_cache_queries": "counter", "lmforge_inference_prefix_cache_hits": "counter",
+    "lmforge_inference_prefill_tokens": "counter",
+}
+
+
+def family_types(text: str) -> dict[str, str]:
+    return {family.name: family.type for family in text_string_to_metric_families(text)}
 
 
 def test_metrics_match_the_traffic(tiny_package):
@@ -67,6 +85,16 @@ def test_metrics_match_the_traffic(tiny_package):
     assert sample_value(text, "lmforge_inference_requests_running") == 0
     assert sample_value(text, "lmforge_inference_requests_waiting") == 0
     assert sample_value(text, "lmforge_inference_kv_cache_usage_ratio") == 0
+    # The engine's counters, scraped from the server: typed as counters, and consistent with the
+    # traffic (five different prompts, each shorter than a block, on an idle pool: nothing to find
+    # in the prefix cache, nothing preempted, every prompt token prefilled once).
+    assert {name: family_types(text)[name] for name in ENGINE_TYPES} == ENGINE_TYPES
+    assert sample_value(text, "lmforge_inference_preemptions_total", {"model_name": "tiny-v1"}) == 0
+    assert sample_value(text, "lmforge_inference_prefix_cache_queries_total") == prompt
+    assert sample_value(text, "lmforge_inference_prefix_cache_hits_total") == 0
+    assert sample_value(text, "lmforge_inference_prefill_tokens_total") == prompt
+    assert sample_value(text, "lmforge_inference_kv_cache_blocks") > 0
+    assert sample_value(text, "lmforge_inference_kv_cache_blocks_in_use") == 0
     info = samples(text, "lmforge_inference_model_info")
     assert [(s.labels["version"], s.labels["step"], s.labels["device"], s.value) for s in info] == \
         [("tiny-v1", "300", "cpu", 1.0)]
@@ -89,7 +117,9 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
 
 
 ENGINE_GAUGES = ["lmforge_inference_requests_running", "lmforge_inference_requests_waiting",
-                 "lmforge_inference_kv_cache_usage_ratio"]
+                 "lmforge_inference_kv_cache_usage_ratio", "lmforge_inference_kv_cache_blocks_in_use"]
+ENGINE_COUNTERS = ["lmforge_inference_preemptions_total", "lmforge_inference_prefix_cache_queries_total",
+                   "lmforge_inference_prefix_cache_hits_total", "lmforge_inference_prefill_tokens_total"]
 
 
 def test_gauges_have_no_sample_until_they_have_a_value(tiny_package, tmp_path):
@@ -100,15 +130,38 @@ def test_gauges_have_no_sample_until_they_have_a_value(tiny_package, tmp_path):
     service = InferenceService(ServeConfig(model=str(tiny_package)))
     with TestClient(create_app(service)) as client, TestClient(create_app(broken)) as broken_client:
         for text in (client.get("/metrics").text, broken_client.get("/metrics").text):
-            for name in [*ENGINE_GAUGES, "lmforge_inference_model_info"]:
+            for name in [*ENGINE_GAUGES, *ENGINE_COUNTERS, "lmforge_inference_kv_cache_blocks",
+                         "lmforge_inference_model_info"]:
                 assert samples(text, name) == [], name
         service.load()
         text = client.get("/metrics").text
     service.stop()
     broken.stop()
-    for name in ENGINE_GAUGES:
+    for name in [*ENGINE_GAUGES, *ENGINE_COUNTERS]:
         assert [(s.labels, s.value) for s in samples(text, name)] == [({"model_name": "tiny-v1"}, 0.0)], name
+    assert sample_value(text, "lmforge_inference_kv_cache_blocks") > 0
     assert [s.value for s in samples(text, "lmforge_inference_model_info")] == [1.0]
+
+
+def test_engine_stats_are_exposed_as_read_at_scrape_time():
+    """What the engine counts reaches the exposition as is, read anew at each scrape: counters
+    as counters (`_total`), the pool's usage as blocks in use over blocks in the pool."""
+    stats = EngineStats(preemptions=3, prefix_cache_queries=96, prefix_cache_hits=64, prefill_tokens=40,
+                        kv_blocks_total=200, kv_blocks_in_use=50)
+    registry = ServeMetrics("m", "cpu", lambda: (2, 1), lambda: stats).registry
+    text = generate_latest(registry).decode()
+    assert {name: family_types(text)[name] for name in ENGINE_TYPES} == ENGINE_TYPES
+    read = {name: sample_value(text, name, {"model_name": "m"}) for name in (
+        "lmforge_inference_preemptions_total", "lmforge_inference_prefix_cache_queries_total",
+        "lmforge_inference_prefix_cache_hits_total", "lmforge_inference_prefill_tokens_total",
+        "lmforge_inference_kv_cache_blocks", "lmforge_inference_kv_cache_blocks_in_use",
+        "lmforge_inference_kv_cache_usage_ratio")}
+    assert read == {"lmforge_inference_preemptions_total": 3, "lmforge_inference_prefix_cache_queries_total": 96,
+                    "lmforge_inference_prefix_cache_hits_total": 64, "lmforge_inference_prefill_tokens_total": 40,
+                    "lmforge_inference_kv_cache_blocks": 200, "lmforge_inference_kv_cache_blocks_in_use": 50,
+                    "lmforge_inference_kv_cache_usage_ratio": 0.25}
+    stats.preemptions += 1
+    assert sample_value(generate_latest(registry).decode(), "lmforge_inference_preemptions_total") == 4
 
 
 def test_metrics_on_their_own_port(tiny_package):

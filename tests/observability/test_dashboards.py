@@ -39,6 +39,7 @@ RECORDED = {
     "lmforge:inference_latency_seconds:p50", "lmforge:inference_latency_seconds:p95",
     "lmforge:inference_queue_time_seconds:p95",
     "lmforge:inference_generation_tokens:rate", "lmforge:inference_prompt_tokens:rate",
+    "lmforge:inference_preemptions:rate", "lmforge:inference_prefix_cache_hits:ratio",
     "lmforge:dataprep_documents:sum", "lmforge:dataprep_drop:ratio", "lmforge:dataprep_dropped_by_reason:ratio",
     "lmforge:train_loss:avg_30m",
 }
@@ -55,6 +56,8 @@ COVERAGE = {
         ("lmforge_inference_requests_running", "lmforge_inference_requests_waiting"),
         ("lmforge_inference_kv_cache_usage_ratio",),
         ("lmforge:inference_generation_tokens:rate", "lmforge:inference_prompt_tokens:rate"),
+        ("lmforge:inference_prefix_cache_hits:ratio",),
+        ("lmforge:inference_preemptions:rate",),
         ("lmforge:inference_errors_5xx:ratio",),
         ("lmforge_inference_gpu_utilization_ratio",),
         ("lmforge_inference_gpu_memory_used_bytes",),
@@ -226,10 +229,11 @@ def service_metric_names() -> set[str]:
     from lmforge.canary.metrics import build_registry
     from lmforge.dataprep.metrics import DataprepMetrics
     from lmforge.inference.metrics import NvmlCollector, ServeMetrics
+    from lmforge.inference.stats import EngineStats
     from lmforge.trainer.metrics import TrainMetrics
     from lmforge.uploader.metrics import UploaderMetrics
 
-    serve = ServeMetrics("tiny", "cpu", lambda: (0, 0), lambda: 0.0)
+    serve = ServeMetrics("tiny", "cpu", lambda: (0, 0), EngineStats)
     serve.set_model_info("v1", 10)
     # The GPU collector registers only where NVML finds a GPU; its families (no samples without
     # one) still name what it exposes.

@@ -44,6 +44,8 @@ RECORDING_CONTRACT = {
     "lmforge:inference_queue_time_seconds:p95",
     "lmforge:inference_generation_tokens:rate",
     "lmforge:inference_prompt_tokens:rate",
+    "lmforge:inference_preemptions:rate",
+    "lmforge:inference_prefix_cache_hits:ratio",
     "lmforge:dataprep_documents:sum",
     "lmforge:dataprep_drop:ratio",
     "lmforge:dataprep_dropped_by_reason:ratio",
@@ -96,12 +98,13 @@ def exposed_series() -> dict[str, str]:
     from lmforge.canary.metrics import build_registry
     from lmforge.dataprep.metrics import DataprepMetrics
     from lmforge.inference.metrics import ServeMetrics
+    from lmforge.inference.stats import EngineStats
     from lmforge.trainer.metrics import TrainMetrics
     from lmforge.uploader.metrics import UploaderMetrics
 
     registries = [
         UploaderMetrics().registry, DataprepMetrics().registry, TrainMetrics().registry,
-        ServeMetrics("m", "cpu", lambda: (0, 0), lambda: 0.0).registry,
+        ServeMetrics("m", "cpu", lambda: (0, 0), EngineStats).registry,
         build_registry(SimpleNamespace(score=1.0, perplexity=2.0, seconds=3.0), SimpleNamespace(passed=True), None),
     ]
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}

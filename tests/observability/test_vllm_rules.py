@@ -34,6 +34,8 @@ VLLM_SERIES = {
     "vllm:request_decode_time_seconds_bucket", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc", "vllm:request_success_total", "http_requests_total",
+    "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total",
 }
 
 
@@ -67,7 +69,9 @@ def test_the_mapping_records_series_lmforge_serve_exposes_from_vllm_series(group
               "lmforge_inference_time_per_output_token_seconds_bucket",
               "lmforge_inference_request_latency_seconds_bucket", "lmforge_inference_queue_time_seconds_bucket",
               "lmforge_inference_prefill_time_seconds_bucket", "lmforge_inference_decode_time_seconds_bucket",
-              "lmforge_inference_prompt_tokens_total", "lmforge_inference_generation_tokens_total"}
+              "lmforge_inference_prompt_tokens_total", "lmforge_inference_generation_tokens_total",
+              "lmforge_inference_preemptions_total", "lmforge_inference_prefix_cache_queries_total",
+              "lmforge_inference_prefix_cache_hits_total"}
     assert {rule["record"] for rule in group["rules"]} == wanted
 
 

@@ -38,8 +38,10 @@ Conventions:
 # as vllm/v1/metrics/loggers.py of the pinned image (inference.vllm.image, v0.10.1.1) defines
 # them; where releases name a series differently, both names are read (`or`: the first present
 # wins): TPOT vllm:time_per_output_token_seconds (v0.10; vllm:inter_token_latency_seconds from
-# v0.11), KV cache vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before v0.9). `engine` (the engine-core index) is
-# summed away; job, instance, pod and model_name (--served-model-name) stay.
+# v0.11), KV cache vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before v0.9), prefix-cache
+# queries and hits (tokens) vllm:prefix_cache_{queries,hits}_total (vllm:gpu_prefix_cache_{queries,hits}_total
+# before v0.9), preemptions vllm:num_preemptions_total. `engine` (the engine-core index) is summed away; job, instance, pod and model_name
+# (--served-model-name) stay.
 - name: lmforge.inference.vllm
   rules:
     {{- range $to, $from := dict
@@ -52,7 +54,10 @@ Conventions:
           "prompt_tokens_total" "vllm:prompt_tokens_total"
           "generation_tokens_total" "vllm:generation_tokens_total"
           "requests_running" "vllm:num_requests_running"
-          "requests_waiting" "vllm:num_requests_waiting" }}
+          "requests_waiting" "vllm:num_requests_waiting"
+          "preemptions_total" "vllm:num_preemptions_total"
+          "prefix_cache_queries_total" "vllm:prefix_cache_queries_total or vllm:gpu_prefix_cache_queries_total"
+          "prefix_cache_hits_total" "vllm:prefix_cache_hits_total or vllm:gpu_prefix_cache_hits_total" }}
     - record: lmforge_inference_{{ $to }}
       expr: sum without (engine) ({{ $from }})
     {{- end }}
@@ -105,6 +110,13 @@ Conventions:
       expr: sum by (model_name) (rate(lmforge_inference_generation_tokens_total[{{ $w }}]))
     - record: lmforge:inference_prompt_tokens:rate
       expr: sum by (model_name) (rate(lmforge_inference_prompt_tokens_total[{{ $w }}]))
+    - record: lmforge:inference_preemptions:rate
+      expr: sum by (model_name) (rate(lmforge_inference_preemptions_total[{{ $w }}]))
+    # Prompt tokens served from the prefix cache over those looked up (NaN while none is looked up).
+    - record: lmforge:inference_prefix_cache_hits:ratio
+      expr: |
+        sum by (model_name) (rate(lmforge_inference_prefix_cache_hits_total[{{ $w }}]))
+        / sum by (model_name) (rate(lmforge_inference_prefix_cache_queries_total[{{ $w }}]))
 - name: lmforge.dataprep.recording
   rules:
     # Pushed counters: cumulative values per worker push, summed over the Pushgateway's groups.
@@ -212,6 +224,27 @@ Conventions:
           (no GPU node, quota), crash-looping (kubectl logs --previous: the model package could not be
           fetched or loaded), or running but not ready (/readyz says why).
         {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeInferenceNoReadyReplicas") }}
+    - alert: LmforgeInferencePreemptionsHigh
+      expr: |
+        sum by (model_name) (rate(lmforge_inference_preemptions_total[{{ $w }}]))
+        / sum by (model_name) (rate(lmforge_inference_finished_requests_total[{{ $w }}]))
+        > {{ $i.preemptions.perRequest }}
+      for: {{ $override | default $i.preemptions.for }}
+      labels:
+        severity: warning
+        service: inference
+      annotations:
+        summary: {{`'{{ $labels.model_name }} preempts running sequences: its KV-cache pool is too small'`}}
+        description: >-
+          {{`{{ $value | printf "%.2f" }} preemptions per finished request on {{ $labels.model_name }}`}}
+          (threshold {{ $i.preemptions.perRequest }}, over {{ $w }}): preempted sequences give up their
+          KV-cache blocks and have their prefill recomputed later.
+        runbook: >-
+          Compare lmforge_inference_kv_cache_usage_ratio (near 1 on the preempting replicas) with the
+          running batch (lmforge_inference_requests_running): give the engine more KV-cache memory
+          (engine.kv_cache_bytes; with vLLM inference.vllm.gpuMemoryUtilization), or admit fewer
+          sequences (engine.max_running; vLLM's --max-num-seqs) and scale out instead.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeInferencePreemptionsHigh") }}
 {{- end }}
 {{- if $c.enabled }}
 # -- Canary ---------------------------------------------------------------------------------

@@ -532,6 +532,11 @@ class QueueAlert(Section, total=False):
     for_: Required[For]
 
 
+class PreemptionsAlert(Section, total=False):
+    perRequest: Required[Annotated[float, Field(ge=0, description="preemptions per finished request")]]
+    for_: Required[For]
+
+
 class InferenceAlerts(Section, total=False):
     enabled: Required[Annotated[bool, Field(description="create these alerts")]]
     ttft: Annotated[LatencyAlert, Field(description="LmforgeInferenceTTFTHigh: p95 time to first token")]
@@ -539,6 +544,7 @@ class InferenceAlerts(Section, total=False):
     errors: Annotated[ErrorsAlert, Field(description="LmforgeInferenceErrorRateHigh")]
     queue: Annotated[QueueAlert, Field(description="LmforgeInferenceQueueSaturated")]
     noReadyReplicas: Annotated[ForOnly, Field(description="LmforgeInferenceNoReadyReplicas")]
+    preemptions: Annotated[PreemptionsAlert, Field(description="LmforgeInferencePreemptionsHigh")]
 
 
 class CanaryAlerts(Section, total=False):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lmforge.common.errors import ConfigError
 
@@ -19,6 +19,17 @@ def gauge_family(name: str, documentation: str, value: float | None,
     the scrape then shows the name's HELP and TYPE only, and PromQL sees no series."""
     labels = labels or {}
     family = GaugeMetricFamily(name, documentation, labels=list(labels))
+    if value is not None:
+        family.add_metric(list(labels.values()), value)
+    return family
+
+
+def counter_family(name: str, documentation: str, value: float | None,
+                   labels: dict[str, str] | None = None) -> CounterMetricFamily:
+    """A counter family (exposed as `name`_total) for a count kept elsewhere and read at scrape
+    time, with its one sample, or with none while `value` is None (like gauge_family)."""
+    labels = labels or {}
+    family = CounterMetricFamily(name, documentation, labels=list(labels))
     if value is not None:
         family.add_metric(list(labels.values()), value)
     return family

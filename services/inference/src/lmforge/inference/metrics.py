@@ -1,7 +1,8 @@
 """The serving metrics (docs/design.md names; semantics mirror vLLM's so its PromQL carries over).
 Every series has a `model_name` label. A gauge is absent until it has a value, never a made-up 0:
-the engine's gauges (running, waiting, KV-cache usage) appear once the engine exists, model_info
-once the model is loaded, GPU series only when a GPU is present and NVML reads it."""
+the engine's series (running, waiting, the KV-cache pool, and its counters of preemptions, prefix-cache
+lookups and prefill tokens) appear once the engine exists, model_info once the model is loaded, GPU
+series only when a GPU is present and NVML reads it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from collections.abc import Callable
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from lmforge.common.metrics import gauge_family, new_registry
+from lmforge.common.metrics import counter_family, gauge_family, new_registry
 from lmforge.inference.engine import Sequence
+from lmforge.inference.stats import EngineStats
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0)
@@ -23,8 +25,8 @@ P = "lmforge_inference_"
 
 class ServeMetrics:
     def __init__(self, model_name: str, device: str, counts: Callable[[], tuple[int, int] | None],
-                 kv_cache_usage: Callable[[], float | None]):
-        """`counts` (running, waiting) and `kv_cache_usage` are read at scrape time; None: no engine yet."""
+                 stats: Callable[[], EngineStats | None]):
+        """`counts` (running, waiting) and the engine's `stats` are read at scrape time; None: no engine yet."""
         self.registry = new_registry()
         self.model_name = model_name
         labels = ["model_name"]
@@ -46,7 +48,7 @@ class ServeMetrics:
                                 labels + ["finish_reason"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens_total", "Prompt tokens processed.", labels, registry=r)
         self.generation_tokens = Counter(P + "generation_tokens_total", "Tokens generated.", labels, registry=r)
-        r.register(EngineGauges(model_name, counts, kv_cache_usage))
+        r.register(EngineCollector(model_name, counts, stats))
         self.model_info = Gauge(P + "model_info", "The served model (value 1, once loaded).",
                                 labels + ["version", "step", "device"], registry=r)
         self.model_swaps = Counter(P + "model_swaps_total", "Model pointer changes acted on: swapped (the new "
@@ -94,22 +96,42 @@ class ServeMetrics:
             self.tpot.labels(name).observe((ended_at - seq.first_token_at) / (generated - 1))
 
 
-class EngineGauges:
-    """requests_running, requests_waiting and kv_cache_usage_ratio, read at scrape time; no
-    sample before the engine exists (while the model loads, or after it failed to)."""
+# The engine's counters (EngineStats fields), exposed as lmforge_inference_<field>_total.
+ENGINE_COUNTERS = {
+    "preemptions": "Running sequences preempted for lack of KV-cache blocks (recomputed later).",
+    "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+    "prefix_cache_hits": "Prompt tokens found in the prefix cache (not prefilled again).",
+    "prefill_tokens": "Tokens computed by prefill (recomputation included, prefix-cache hits not).",
+}
+
+
+class EngineCollector:
+    """The engine's series, read at scrape time: gauges of the batch and the KV-cache pool, and
+    the counters the engine keeps (a new engine after a model swap starts them at 0, which rate()
+    takes for a reset). No sample before the engine exists (while the model loads, or after it
+    failed to)."""
 
     def __init__(self, model_name: str, counts: Callable[[], tuple[int, int] | None],
-                 kv_cache_usage: Callable[[], float | None]):
-        self.model_name, self.counts, self.kv_cache_usage = model_name, counts, kv_cache_usage
+                 stats: Callable[[], EngineStats | None]):
+        self.model_name, self.counts, self.stats = model_name, counts, stats
 
     def collect(self):
-        counts = self.counts()
+        counts, stats = self.counts(), self.stats()
         running, waiting = counts if counts is not None else (None, None)
         labels = {"model_name": self.model_name}
+
+        def read(field: str) -> float | None:
+            return None if stats is None else getattr(stats, field)
+
         yield gauge_family(P + "requests_running", "Sequences in the running batch.", running, labels)
         yield gauge_family(P + "requests_waiting", "Requests waiting for a slot.", waiting, labels)
-        yield gauge_family(P + "kv_cache_usage_ratio", "Fraction of KV-cache slots in use.", self.kv_cache_usage(),
+        yield gauge_family(P + "kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.", read("kv_cache_usage"),
                            labels)
+        yield gauge_family(P + "kv_cache_blocks", "KV-cache blocks in the pool.", read("kv_blocks_total"), labels)
+        yield gauge_family(P + "kv_cache_blocks_in_use", "KV-cache blocks held by running sequences.",
+                           read("kv_blocks_in_use"), labels)
+        for field, documentation in ENGINE_COUNTERS.items():
+            yield counter_family(P + field, documentation, read(field), labels)
 
 
 class NvmlCollector:

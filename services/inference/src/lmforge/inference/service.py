@@ -28,6 +28,7 @@ from lmforge.inference.engine import Engine
 from lmforge.inference.metrics import ServeMetrics
 from lmforge.inference.runner import EngineRunner, Handle, RunnerStopped
 from lmforge.inference.sampling import SamplingParams
+from lmforge.inference.stats import EngineStats
 from lmforge.inference.text import Codec, TextStream
 from lmforge.inference.tracing import MonotonicClock, record_generation_spans, tracer_provider
 
@@ -146,7 +147,7 @@ class InferenceService:
         self.model: ServedModel | None = None  # the current model: each new request takes it
         self.follower = None  # model_swap.PointerFollower when config.model is a pointer
         self.load_error: BaseException | None = None
-        self.metrics = ServeMetrics(self.model_name, self.device, self._counts, self._kv_cache_usage)
+        self.metrics = ServeMetrics(self.model_name, self.device, self._counts, self._engine_stats)
         self._text_pool = ThreadPoolExecutor(TEXT_THREADS, thread_name_prefix="lmforge-text")
         self.tracer_provider = tracer_provider("lmforge-inference", span_exporter)
         self.tracer = self.tracer_provider.get_tracer("lmforge.inference")
@@ -208,9 +209,9 @@ class InferenceService:
         model = self.model
         return model.runner.counts() if model else None  # no engine yet: no value, not 0
 
-    def _kv_cache_usage(self) -> float | None:
+    def _engine_stats(self) -> EngineStats | None:
         model = self.model
-        return model.runner.engine.kv_cache_usage if model else None
+        return model.runner.engine.stats() if model else None
 
     # -- requests ------------------------------------------------------------------------------
 
