@@ -53,11 +53,15 @@ def test_metrics_match_the_traffic(tiny_package):
         before = httpx.get(f"{url}/metrics").text
         assert sample_value(before, "lmforge_inference_requests_total") == 0
         generated = prompt = 0
-        for i, text in enumerate(["Bees make", "The sun rises", "Two plus two", "A week has", "Water"]):
+        repeated = "Quiet zebras jog past 42 violet kiosks at dawn; "  # text the model never saw
+        for i, text in enumerate(["Bees make", "The sun rises", "Two plus two", repeated, repeated]):
             body = httpx.post(f"{url}/v1/completions", json={"prompt": text, "max_tokens": 10 + i,
                                                              "temperature": 0}).json()
             generated += body["usage"]["completion_tokens"]
             prompt += body["usage"]["prompt_tokens"]
+        # The repeat finds the first's full 16-token blocks cached (all but its last token's block).
+        hits = (body["usage"]["prompt_tokens"] - 1) // 16 * 16
+        assert hits >= 16
         assert httpx.post(f"{url}/v1/completions", json={"prompt": "x", "top_p": 5}).status_code == 422
         assert httpx.post(f"{url}/v1/completions", json={"prompt": "x" * (2 << 20)}).status_code == 413
         counted = httpx.get(f"{url}/metrics").text
@@ -86,13 +90,13 @@ def test_metrics_match_the_traffic(tiny_package):
     assert sample_value(text, "lmforge_inference_requests_waiting") == 0
     assert sample_value(text, "lmforge_inference_kv_cache_usage_ratio") == 0
     # The engine's counters, scraped from the server: typed as counters, and consistent with the
-    # traffic (five different prompts, each shorter than a block, on an idle pool: nothing to find
-    # in the prefix cache, nothing preempted, every prompt token prefilled once).
+    # traffic (on an idle pool nothing is preempted; every prompt token is looked up in the prefix
+    # cache, and prefilled unless found there).
     assert {name: family_types(text)[name] for name in ENGINE_TYPES} == ENGINE_TYPES
     assert sample_value(text, "lmforge_inference_preemptions_total", {"model_name": "tiny-v1"}) == 0
     assert sample_value(text, "lmforge_inference_prefix_cache_queries_total") == prompt
-    assert sample_value(text, "lmforge_inference_prefix_cache_hits_total") == 0
-    assert sample_value(text, "lmforge_inference_prefill_tokens_total") == prompt
+    assert sample_value(text, "lmforge_inference_prefix_cache_hits_total") == hits
+    assert sample_value(text, "lmforge_inference_prefill_tokens_total") == prompt - hits
     assert sample_value(text, "lmforge_inference_kv_cache_blocks") > 0
     assert sample_value(text, "lmforge_inference_kv_cache_blocks_in_use") == 0
     info = samples(text, "lmforge_inference_model_info")
