@@ -30,7 +30,7 @@ class ModelRunner:
                 last_rows.append(len(tokens) - 1)
                 sampling.append(index)
         batch = build_paged_batch(chunks, self.cache.block_size, self.device)
-        logits_index = torch.tensor(last_rows, device=self.device)
+        logits_index = torch.tensor(last_rows, dtype=torch.long, device=self.device)
         logits = self.model.forward_paged(torch.tensor(tokens, device=self.device), self.cache, batch, logits_index)
         seqs = [scheduled[index][0] for index in sampling]
         return sampling, sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs])
