@@ -61,7 +61,7 @@ image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONT
 
 .PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-quality-steps \
 	bench-dataprep-scaling bench-html-extraction bench-train-memory \
-	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-gpu clean
+	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-serve-engine bench-gpu clean
 .DEFAULT_GOAL := help
 
 # Every target with a `## ` note, one line each (image-SERVICE's note is its own `## ` line).
@@ -146,6 +146,9 @@ bench-upload: setup ## the checkpoint uploader against boto3's upload_file
 
 bench-serve: setup ## lmforge-serve under concurrent streaming load: tokens/s, TTFT, TPOT
 	$(PY) bench/serve/serve_bench.py
+
+bench-serve-engine: setup ## the paged inference engine against today's (a git revision), same KV memory: sequences admitted, tokens/s, long-prompt stall, prefix caching
+	$(PY) bench/serve/engine_bench.py
 
 # Every GPU figure in docs/benchmarks.md, on a machine with CUDA devices (fails fast without one).
 bench-gpu: setup ## every GPU figure: training MFU (350m, llama-350m, llama-1b, beside the planner's; llama-1b Float8 and activation checkpointing), serving vs HF generate
