@@ -25,7 +25,7 @@ Figures (goals from issue 21):
  2. Tokens/s with 16 and 64 requests kept in flight (a new one submitted when one finishes), typical
     mix; old with 16 / 64 slots, new with the same bytes.
  3. One 2,048-token prompt arriving among 16 decoding sequences (context 4096, old with 17 slots; new
-    with max_batched_tokens 128, 256 and 512): its TTFT; the decoders' inter-token gap p95, longest
+    with max_batched_tokens 32, 48, 64, 128 and 512): its TTFT; the decoders' inter-token gap p95, longest
     gap and per-request TPOT p95 over the window (the steps from its arrival to its first token)
     against the same steps of a run without it; their gap p95 while it then decodes. Goal (chunked
     prefill): the decoders' TPOT p95 no more than 2x the run without the long prompt.
@@ -291,9 +291,11 @@ def _window(trace: Trace, decoders, first: int, last: int) -> dict:
             "decoders_without_token": starved, "window_steps": last - first + 1}
 
 
-def fig_long_prompt(side: Side, max_batched_tokens: int | None, seed: int, decode_tokens: int = 64,
-                    inject_after: int = 8) -> dict:
-    """Figure 3: with and without one 2k-token prompt among 16 decoders."""
+def fig_long_prompt(side: Side, max_batched_tokens: int | None, seed: int, inject_after: int = 8) -> dict:
+    """Figure 3: with and without one 2k-token prompt among 16 decoders. The decoders generate
+    enough tokens to outlast the long prompt's chunked prefill at the smallest budget (what 32
+    tokens a step leave after their 16) and its own 16 tokens, the same number on every row."""
+    decode_tokens = inject_after + LONG_PROMPT // (32 - DECODERS) + 40
     with_trace, with_dec, long_seq, first, kwargs, engine = _long_prompt_run(
         side, True, inject_after, decode_tokens, seed, max_batched_tokens)
     last = with_trace.token_step[long_seq][0]
@@ -402,7 +404,7 @@ def plan(figures: set[int], scale: float) -> dict[int, list[dict]]:
     if 2 in figures:
         jobs[2] = [{"figure": "closed_loop", "concurrency": c, "count": n(4 * c), "seed": 2} for c in (16, 64)]
     if 3 in figures:
-        jobs[3] = [{"figure": "long_prompt", "max_batched_tokens": mbt, "seed": 3} for mbt in (128, 256, 512)]
+        jobs[3] = [{"figure": "long_prompt", "max_batched_tokens": mbt, "seed": 3} for mbt in (32, 48, 64, 128, 512)]
     if 4 in figures:
         jobs[4] = [{"figure": "prefix", "prefix_caching": pc, "count": n(25), "seed": 4} for pc in (False, True)]
     return jobs

@@ -3,9 +3,10 @@
 A step packs the new tokens of every scheduled sequence into one flat batch of N tokens: a
 decoding sequence brings one, a prefilling one a chunk of its prompt. Projections and MLPs run
 on the N tokens at once; only attention needs each sequence's own keys. For that the step's
-sequences form two groups, decodes (one query each) and prefill chunks (padded to the longest
-chunk), so a 500-token chunk does not pad 16 single-token decodes to 500 queries. Each group
-gathers its sequences' cached keys and values through their block tables into a dense
+sequences form groups: decodes (one query each) apart from prefill chunks (padded to the
+longest chunk), so a 500-token chunk does not pad 16 single-token decodes to 500 queries, and
+each kind by length rounded up to a power of two, so one long sequence does not pad the short
+ones. Each group gathers its sequences' cached keys and values through their block tables into a dense
 (b, kv_heads, L, head_dim) copy and calls scaled_dot_product_attention with a mask (a query at
 position p sees positions ≤ p of its own sequence).
 
@@ -56,12 +57,19 @@ def build_paged_batch(chunks: list[ScheduledChunk], block_size: int, device) -> 
         for position in range(chunk.start, chunk.start + chunk.count):
             positions.append(position)
             slots.append(chunk.block_table[position // block_size] * block_size + position % block_size)
-    groups = []
-    for wanted in (lambda c: c.count == 1, lambda c: c.count > 1):
-        members = [(chunk, offset) for chunk, offset in zip(chunks, offsets, strict=True) if wanted(chunk)]
-        if members:
-            groups.append(_group(members, block_size, device))
+    buckets: dict[tuple[bool, int], list[tuple[ScheduledChunk, int]]] = {}
+    for chunk, offset in zip(chunks, offsets, strict=True):
+        buckets.setdefault(_bucket(chunk, block_size), []).append((chunk, offset))
+    groups = [_group(members, block_size, device) for _, members in sorted(buckets.items())]
     return PagedBatch(torch.tensor(positions, device=device), torch.tensor(slots, device=device), groups)
+
+
+def _bucket(chunk: ScheduledChunk, block_size: int) -> tuple[bool, int]:
+    """Decodes and prefill chunks apart, and each by its keys' length rounded up to a power of two
+    (at least a block): padding a row costs at most twice its keys, and one 2k-token sequence
+    does not make every short one gather 2k positions."""
+    length = chunk.start + chunk.count
+    return chunk.count > 1, max(block_size, 1 << (length - 1).bit_length())
 
 
 def _group(members: list[tuple[ScheduledChunk, int]], block_size: int, device) -> AttentionGroup:
