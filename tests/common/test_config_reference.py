@@ -96,7 +96,7 @@ def test_every_field_of_every_service_is_listed():
     assert rows["data.sources[].weight"][1] == "`1.0`"
     assert rows["optim.schedule"][0] == '`"cosine" \\| "wsd"`'
     assert rows["steps.langid.languages"][1] == '`["en"]`'  # a default_factory, evaluated
-    assert rows["engine.max_running"][1] == "`8`"
+    assert rows["engine.max_running"][1] == "`64`"
 
 
 def test_a_changed_model_changes_the_output():

@@ -124,7 +124,7 @@ class EngineCollector:
             return None if stats is None else getattr(stats, field)
 
         yield gauge_family(P + "requests_running", "Sequences in the running batch.", running, labels)
-        yield gauge_family(P + "requests_waiting", "Requests waiting for a slot.", waiting, labels)
+        yield gauge_family(P + "requests_waiting", "Requests waiting to be admitted.", waiting, labels)
         yield gauge_family(P + "kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.", read("kv_cache_usage"),
                            labels)
         yield gauge_family(P + "kv_cache_blocks", "KV-cache blocks in the pool.", read("kv_blocks_total"), labels)
