@@ -50,6 +50,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import percentile  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "bench" / "out" / "engine-bench.json"
 BASELINE_REV = "7c8248c23d0e3bbd8e77f5694ca3e7deb604762d"  # main before the paged engine (issue 21)
@@ -66,17 +69,6 @@ WORKER_TIMEOUT = 600
 
 # ------------------------------------------------------------------------------------------------
 # worker: runs inside one side's subprocess
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default), as bench/serve/loadgen.py."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def requests(seed: int, count: int, mix: str, vocab: int) -> list[tuple[list[int], int]]:
