@@ -291,6 +291,21 @@ def main() -> None:
                          work / f"server-{args.suite}-running{n}.log") for n in suite["max_running"]}
     load_before = os.getloadavg()
     rows: list[dict] = []
+
+    def write_report(complete: bool) -> dict:
+        """The JSON report of the rows so far (rewritten after each, so a run cut short by a time
+        limit keeps what it measured; `complete` false until the last)."""
+        report = aggregate(rows, suite)
+        report.update(suite=args.suite, settings={k: v for k, v in suite.items()}, machine=machine(),
+                      date=time.strftime("%Y-%m-%d"), prompt_tokens=prompt_sizes, loadavg_before=load_before,
+                      loadavg_after=os.getloadavg(), complete=complete,
+                      rounds=[{k: v for k, v in r.items() if k != "requests"} for r in rows],
+                      request_records=rows, server_settings=next(iter(servers.values())).settings,
+                      seconds=time.perf_counter() - started)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        return report
+
     try:
         for server in servers.values():
             server.wait_ready()
@@ -313,19 +328,12 @@ def main() -> None:
                     print(f"round {round_index + 1} max_running={n}: {format_summary(summary)}; server counted "
                           f"{result['server']['generation_tokens']} tokens; CPU cores busy: server "
                           f"{result['server']['cpu_cores']:.2f}, client {summary['client_cpu_cores']:.2f}", flush=True)
+                    write_report(complete=False)
     finally:
         for server in servers.values():
             server.stop()
-    load_after = os.getloadavg()
 
-    report = aggregate(rows, suite)
-    report.update(suite=args.suite, settings={k: v for k, v in suite.items()}, machine=machine(),
-                  date=time.strftime("%Y-%m-%d"), prompt_tokens=prompt_sizes, loadavg_before=load_before,
-                  loadavg_after=load_after, rounds=[{k: v for k, v in r.items() if k != "requests"} for r in rows],
-                  request_records=rows, server_settings=next(iter(servers.values())).settings,
-                  seconds=time.perf_counter() - started)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    report = write_report(complete=True)
     print()
     print(markdown(report))
     print(f"\nresults: {out}")
@@ -340,6 +348,8 @@ def aggregate(rows: list[dict], suite: dict) -> dict:
     for n in suite["max_running"]:
         for clients in suite["clients"]:
             mine = [r for r in rows if r["max_running"] == n and r["clients"] == clients]
+            if not mine:  # not measured (yet)
+                continue
             records = [q for r in mine for q in r["requests"] if q["error"] is None]
             rates = [r["summary"]["tokens_per_s"] for r in mine]
             ttft = [q["ttft"] for q in records if q["ttft"] is not None]
@@ -381,7 +391,7 @@ def aggregate(rows: list[dict], suite: dict) -> dict:
     checks["ok"] = all(checks.values())
     checks["identical_text_across_configs"] = f"{same_text}/{compared}"
     report = {"table": table, "checks": checks}
-    if len(suite["max_running"]) == 2 and len(suite["clients"]) == 1:
+    if len(suite["max_running"]) == 2 and len(suite["clients"]) == 1 and len(table) == 2:
         low, high = (next(t for t in table if t["max_running"] == n) for n in sorted(suite["max_running"]))
         report["ratio"] = high["tokens_per_s"] / low["tokens_per_s"]
         report["ratio_rounds"] = [b / a for a, b in zip(low["tokens_per_s_rounds"], high["tokens_per_s_rounds"])]

@@ -116,9 +116,8 @@ class CausalSelfAttention(nn.Module):
         """The packed new tokens x (1, N, C) of one engine step (lmforge.common.paged_attention):
         their keys and values go into the paged cache, then each attends to its own sequence."""
         q, k, v = self._project(x)  # (1, heads, N, D)
-        if rope is not None:
-            positions = batch.positions[None]
-            q, k = apply_rope_at(q, *rope, positions), apply_rope_at(k, *rope, positions)
+        if rope is not None:  # the tokens' own rows of the tables (GPT.forward_paged)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         y = paged_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), keys, values, batch)
         return self.proj(y.reshape(1, y.shape[0], -1))
 
@@ -273,7 +272,8 @@ class GPT(nn.Module):
         x = self.wte(tokens)[None]
         if self.wpe is not None:
             x = x + self.wpe(batch.positions)[None]
-        rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
+        # RoPE's cos and sin at the tokens' positions, looked up once for every layer.
+        rope = (self.rope_cos[batch.positions], self.rope_sin[batch.positions]) if self.wpe is None else None
         for layer, block in enumerate(self.blocks):
             x = block.forward_paged(x, rope, cache.keys[layer], cache.values[layer], batch)
         x = x[0] if logits_index is None else x[0, logits_index]

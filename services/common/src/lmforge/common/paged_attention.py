@@ -7,7 +7,7 @@ sequences form groups: decodes (one query each) apart from prefill chunks (padde
 longest chunk), so a 500-token chunk does not pad 16 single-token decodes to 500 queries, and
 each kind by length rounded up to a power of two, so one long sequence does not pad the short
 ones. Each group gathers its sequences' cached keys and values through their block tables into a dense
-(b, kv_heads, L, head_dim) copy and calls scaled_dot_product_attention with a mask (a query at
+(b, kv_heads, L, head_dim) copy, a whole block at a time, and calls scaled_dot_product_attention with a mask (a query at
 position p sees positions ≤ p of its own sequence).
 
 On CPU that gather plus SDPA is the whole story. On a GPU the same code runs; with a boolean
@@ -25,10 +25,11 @@ import torch.nn.functional as F
 
 @dataclass
 class AttentionGroup:
-    query_index: torch.Tensor  # (b, t): each query's index in the packed tokens (padding repeats a valid one)
-    query_valid: torch.Tensor  # (b, t) bool: False for padding
-    key_slots: torch.Tensor  # (b, L): the cache slot of each key position (padding: slot 0, masked)
+    query_index: torch.Tensor  # (b · t,): each query's index in the packed tokens, row by row (padding repeats one)
+    blocks: torch.Tensor  # (b, L / block_size): each sequence's blocks holding its first L positions (padding 0)
     mask: torch.Tensor  # (b, 1, t, L) bool: True where the query attends
+    valid: torch.Tensor | None  # (b · t,): which of the queries are not padding; None: all are
+    width: int  # t
 
 
 @dataclass
@@ -38,6 +39,7 @@ class PagedBatch:
     positions: torch.Tensor  # (N,): each token's position in its sequence
     slot_mapping: torch.Tensor  # (N,): the cache slot each token's key and value are written to
     groups: list[AttentionGroup]
+    block_size: int
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ def build_paged_batch(chunks: list[ScheduledChunk], block_size: int, device) -> 
     for chunk, offset in zip(chunks, offsets, strict=True):
         buckets.setdefault(_bucket(chunk, block_size), []).append((chunk, offset))
     groups = [_group(members, block_size, device) for _, members in sorted(buckets.items())]
-    return PagedBatch(torch.tensor(positions, device=device), torch.tensor(slots, device=device), groups)
+    return PagedBatch(torch.tensor(positions, device=device), torch.tensor(slots, device=device), groups,
+                      block_size)
 
 
 def _bucket(chunk: ScheduledChunk, block_size: int) -> tuple[bool, int]:
@@ -76,19 +79,23 @@ def _group(members: list[tuple[ScheduledChunk, int]], block_size: int, device) -
     width = max(chunk.count for chunk, _ in members)
     length = max(chunk.start + chunk.count for chunk, _ in members)
     blocks = -(-length // block_size)
+    table = torch.tensor([chunk.block_table[:blocks] + [0] * (blocks - min(blocks, len(chunk.block_table)))
+                          for chunk, _ in members])
+    key_position = torch.arange(blocks * block_size)
+    if width == 1:  # decodes: one query each, no padding
+        query_index = torch.tensor([offset for _, offset in members])
+        mask = key_position[None, :] <= torch.tensor([chunk.start for chunk, _ in members])[:, None]
+        return AttentionGroup(query_index.to(device), table.to(device), mask[:, None, None].to(device), None, 1)
     start = torch.tensor([chunk.start for chunk, _ in members])
     count = torch.tensor([chunk.count for chunk, _ in members])
     offset = torch.tensor([offset for _, offset in members])
-    table = torch.tensor([chunk.block_table[:blocks] + [0] * (blocks - min(blocks, len(chunk.block_table)))
-                          for chunk, _ in members])
     column = torch.arange(width)
     valid = column[None, :] < count[:, None]
     query_index = torch.where(valid, offset[:, None] + column[None, :], offset[:, None])
     query_position = torch.where(valid, start[:, None] + column[None, :], 0)
-    key_position = torch.arange(length)
-    key_slots = table[:, key_position // block_size] * block_size + key_position % block_size
     mask = key_position[None, None, :] <= query_position[:, :, None]
-    return AttentionGroup(query_index.to(device), valid.to(device), key_slots.to(device), mask[:, None].to(device))
+    return AttentionGroup(query_index.reshape(-1).to(device), table.to(device), mask[:, None].to(device),
+                          valid.reshape(-1).to(device), width)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -101,12 +108,22 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
     out = torch.empty_like(q)
     gqa = q.shape[1] != k.shape[1]
     for group in batch.groups:
-        rows, length = group.key_slots.shape
-        flat = group.key_slots.reshape(-1)
-        group_keys = keys.index_select(0, flat).view(rows, length, *keys.shape[1:]).transpose(1, 2)
-        group_values = values.index_select(0, flat).view(rows, length, *values.shape[1:]).transpose(1, 2)
-        queries = q[group.query_index].transpose(1, 2)  # (b, n_head, t, D)
+        rows = group.blocks.shape[0]
+        group_keys, group_values = (_gather(cache, group.blocks, batch.block_size) for cache in (keys, values))
+        queries = q.index_select(0, group.query_index).view(rows, group.width, *q.shape[1:]).transpose(1, 2)
         y = F.scaled_dot_product_attention(queries, group_keys.to(q.dtype), group_values.to(q.dtype),
                                            attn_mask=group.mask, enable_gqa=gqa)
-        out[group.query_index[group.query_valid]] = y.transpose(1, 2)[group.query_valid]
+        y = y.transpose(1, 2).reshape(rows * group.width, *q.shape[1:])
+        if group.valid is None:
+            out.index_copy_(0, group.query_index, y)
+        else:
+            out[group.query_index[group.valid]] = y[group.valid]
     return out
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(b, kv_heads, blocks · block_size, D): the given blocks of each row, copied whole (one
+    index per block, not per token)."""
+    rows, count = blocks.shape
+    by_block = cache.view(-1, block_size, *cache.shape[1:])
+    return by_block.index_select(0, blocks.reshape(-1)).view(rows, count * block_size, *cache.shape[1:]).transpose(1, 2)
