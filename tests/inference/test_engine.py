@@ -208,3 +208,19 @@ def test_the_cache_is_sized_by_the_key_value_heads():
     engines = [Engine(GPT(config), kv_cache_bytes=budget) for config in (CONFIG, LLAMA)]
     assert engines[0].cache.bytes == engines[1].cache.bytes == budget
     assert 4 * engines[0].cache.num_blocks == engines[1].cache.num_blocks
+
+
+def test_a_bfloat16_model_keeps_a_bfloat16_cache_and_generates():
+    """The GPU's dtype on CPU: the cache takes the model's dtype, attention and sampling run in it
+    (logits are sampled in float32), and greedy output equals the full recompute in bfloat16."""
+    torch.manual_seed(4)
+    model = GPT(LLAMA).eval().to(torch.bfloat16)
+    engine = Engine(model, block_size=4, max_batched_tokens=8)
+    greedy = engine.add(list(range(1, 12)), SamplingParams(max_tokens=10, temperature=0))
+    sampled = engine.add(list(range(5, 25)), SamplingParams(max_tokens=10, temperature=0.8, top_k=20, seed=1))
+    while engine.has_work():
+        engine.step()
+    assert engine.cache.keys[0].dtype == torch.bfloat16
+    assert engine.cache.bytes == engine.cache.num_blocks * 4 * PagedKVCache.bytes_per_token(LLAMA, torch.bfloat16)
+    assert len(sampled.output) == 10 and sampled.finish_reason == "length"
+    assert greedy.output == full_recompute_greedy(model, list(range(1, 12)), 10)
