@@ -11,7 +11,10 @@ from lmforge.common.model import GPT, GPTConfig, PagedKVCache
 from lmforge.inference.engine import Engine, QueueFull
 from lmforge.inference.sampling import SamplingParams
 
-CONFIG = GPTConfig.preset("tiny", n_layer=2, n_embd=64, n_head=4, vocab_size=101, context_length=48)
+# Untied embeddings: a small random model with tied ones only repeats its last token, whatever
+# attention computes, so greedy equality with the oracle would prove nothing.
+CONFIG = GPTConfig.preset("tiny", n_layer=2, n_embd=64, n_head=4, vocab_size=101, context_length=48,
+                          tie_embeddings=False)
 LLAMA = CONFIG.model_copy(update={"norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 1, "qk_norm": True})
 MOE = GPTConfig.model_validate({**LLAMA.model_dump(), "n_kv_head": 2, "moe": {"num_experts": 4}})
 
