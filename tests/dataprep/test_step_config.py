@@ -32,6 +32,18 @@ def test_the_default_pipeline_is_fineweb_order_and_every_built_in_type_loads():
         assert cls.type_name == type_name and cls.Settings().enabled
 
 
+def test_a_step_whose_settings_leave_it_nothing_to_do_is_left_out_whatever_its_id(tmp_path):
+    """StepSettings.passes_everything: a contamination check without eval sets, under its built-in
+    id or another; with eval sets it runs."""
+    eval_set = tmp_path / "eval.jsonl"
+    eval_set.write_text('{"text": "what is the capital of australia asked the quiz on the radio today"}\n')
+    config = load("pipeline=[langid, contamination, decontaminate]", "steps.decontaminate.type=contamination")
+    assert [step.name for step in build_filter_steps(config)] == ["langid"]
+    config = load("pipeline=[langid, contamination, decontaminate]", "steps.decontaminate.type=contamination",
+                  f"steps.decontaminate.eval_sets=[{eval_set}]")
+    assert [step.name for step in build_filter_steps(config)] == ["langid", "decontaminate"]
+
+
 def test_reordered_dropped_and_disabled_steps():
     config = load("pipeline=[gopher_quality, url_dedup, langid, pii]", "steps.pii.enabled=false")
     assert [step.name for step in build_filter_steps(config)] == ["gopher_quality", "url_dedup", "langid"]
