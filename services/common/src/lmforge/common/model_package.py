@@ -92,6 +92,18 @@ def _hf_config(path: Path) -> dict | None:
     return meta if hf_package.is_hf_config(meta) else None
 
 
+def read_package_config(path: Path, shown_as: str | None = None):
+    """A package's config.json, parsed (either format); InputError when it is missing or not JSON.
+    `shown_as` names the package in the error (default: the directory)."""
+    name = shown_as or str(path)
+    if not (path / CONFIG).is_file():
+        raise InputError(f"{name}: not a model package ({CONFIG} missing)")
+    try:
+        return json.loads((path / CONFIG).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{name}/{CONFIG}: not valid JSON ({exc})") from exc
+
+
 def verify_package(path: str | Path, *, require_checksums: bool = False) -> dict:
     """The package's config.json, once the files are there, the format is known, the tokenizer
     is the one the model was trained with and each file matches its `files` checksum (required
@@ -104,10 +116,7 @@ def verify_package(path: str | Path, *, require_checksums: bool = False) -> dict
     for name in (WEIGHTS, CONFIG, TOKENIZER):
         if not (path / name).is_file():
             raise InputError(f"{path}: not a model package ({name} missing)")
-    try:
-        meta = json.loads((path / CONFIG).read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path / CONFIG}: not valid JSON ({exc})") from exc
+    meta = read_package_config(path)
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         version = meta.get("format_version") if isinstance(meta, dict) else None
         raise InputError(f"{path}: unsupported package format {version!r}")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import ConfigError, InputError
-from lmforge.common.model_package import CONFIG, verify_package
+from lmforge.common.hf_package import is_hf_config
+from lmforge.common.model_package import read_package_config, verify_package
 from lmforge.common.model_pointer import resolve_model
 from lmforge.common.s3 import S3Bucket
 from lmforge.common.storage import S3Location, atomic_dir, local_path_of, scheme_of
@@ -52,13 +53,8 @@ def fetch_model(model: str, output: Path) -> dict:
     pointer, package = resolve_model(model)
     with atomic_dir(output) as staging:
         copy_package(package, staging)
-        if not (staging / CONFIG).is_file():
-            raise InputError(f"{package}: not a model package ({CONFIG} missing)")
-        try:
-            meta = json.loads((staging / CONFIG).read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{package}: {CONFIG} is not valid JSON ({exc})") from exc
-        if not isinstance(meta, dict) or "model_type" not in meta:
+        meta = read_package_config(staging, shown_as=package)
+        if not is_hf_config(meta):
             raise ConfigError(f"{package}: not in Hugging Face format (export it with `lmforge-train export "
                               f"--format hf`): vLLM cannot load lmforge's own format")
         verify_package(staging, require_checksums=pointer is not None)
