@@ -34,8 +34,8 @@ class PagedKVCache:
     @classmethod
     def blocks_for_bytes(cls, config: GPTConfig, budget: int, block_size: int,
                          dtype: torch.dtype = torch.float32) -> int:
-        """How many blocks a budget of `budget` bytes holds (at least one)."""
-        return max(1, budget // (block_size * cls.bytes_per_token(config, dtype)))
+        """How many whole blocks a budget of `budget` bytes holds."""
+        return budget // (block_size * cls.bytes_per_token(config, dtype))
 
     @property
     def bytes(self) -> int:

@@ -38,11 +38,12 @@ class BlockManager:
         return -(-tokens // self.block_size)
 
     def chain_hashes(self, hashes: list[int], tokens: list[int]) -> None:
-        """Extend `hashes` (a sequence's full-block hashes so far) over the full blocks of `tokens`."""
+        """Extend `hashes` (a sequence's full-block hashes so far) over the full blocks of `tokens`,
+        the sequence's tokens from the first block not yet hashed."""
         size = self.block_size
-        for index in range(len(hashes), len(tokens) // size):
+        for start in range(0, len(tokens) - size + 1, size):
             previous = hashes[-1] if hashes else None
-            hashes.append(hash((previous, tuple(tokens[index * size:(index + 1) * size]))))
+            hashes.append(hash((previous, tuple(tokens[start:start + size]))))
 
     def cached_prefix(self, hashes: list[int], max_blocks: int) -> list[int]:
         """The cached blocks holding the longest prefix of these full-block hashes (at most max_blocks)."""

@@ -36,19 +36,19 @@ def kv_cache_blocks(model: GPT, block_size: int, kv_cache_bytes: int | None,
     CPU. It must hold at least one full context."""
     config = model.config
     parameter = next(model.parameters())
-    per_block = block_size * PagedKVCache.bytes_per_token(config, parameter.dtype)
+    per_token = PagedKVCache.bytes_per_token(config, parameter.dtype)
     if kv_cache_bytes is None:
         if parameter.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(parameter.device)
             kv_cache_bytes = int(free * memory_fraction)
         else:
-            kv_cache_bytes = DEFAULT_CPU_CONTEXTS * config.context_length * per_block // block_size
-    blocks = kv_cache_bytes // per_block
+            kv_cache_bytes = DEFAULT_CPU_CONTEXTS * config.context_length * per_token
+    blocks = PagedKVCache.blocks_for_bytes(config, kv_cache_bytes, block_size, parameter.dtype)
     needed = -(-config.context_length // block_size)
     if blocks < needed:
         raise ValueError(f"a KV cache of {kv_cache_bytes:,} bytes holds {blocks} blocks of {block_size} tokens; "
                          f"one full context ({config.context_length} tokens) needs {needed} "
-                         f"({needed * per_block:,} bytes)")
+                         f"({needed * block_size * per_token:,} bytes)")
     return blocks
 
 

@@ -69,8 +69,7 @@ class Scheduler:
         seq.num_computed += count
         filled = seq.num_computed // self.blocks.block_size
         if filled > filled_before and self.blocks.prefix_caching:
-            if len(seq.block_hashes) < filled:
-                self.blocks.chain_hashes(seq.block_hashes, seq.tokens(0, seq.num_computed))
+            self._hash_full_blocks(seq, seq.num_computed)
             for index in range(filled_before, filled):
                 self.blocks.register(seq.block_table[index], seq.block_hashes[index])
 
@@ -89,7 +88,7 @@ class Scheduler:
         blocks = self.blocks
         tokens = seq.num_tokens
         if blocks.prefix_caching:
-            blocks.chain_hashes(seq.block_hashes, seq.tokens(0, tokens))
+            self._hash_full_blocks(seq, tokens)
         # At least one token is always computed: its logits give the next token.
         hits = blocks.cached_prefix(seq.block_hashes, (tokens - 1) // blocks.block_size)
         new = blocks.blocks_for(tokens) - len(hits)
@@ -105,6 +104,13 @@ class Scheduler:
             seq.scheduled_at = time.monotonic()
         self.running.append(seq)
         return min(tokens - seq.num_computed, budget)
+
+    def _hash_full_blocks(self, seq: Sequence, tokens: int) -> None:
+        """Hashes of the full blocks among the sequence's first `tokens` tokens (only the new ones
+        are read: a request waiting at the head of the queue is looked at every step)."""
+        hashed = len(seq.block_hashes) * self.blocks.block_size
+        if tokens - hashed >= self.blocks.block_size:
+            self.blocks.chain_hashes(seq.block_hashes, seq.tokens(hashed, tokens))
 
     def _grow(self, seq: Sequence, tokens: int) -> bool:
         """Blocks enough for `tokens` of the sequence; False when none are free."""
