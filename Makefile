@@ -25,13 +25,14 @@ BENCH_APT_PACKAGES := libmagic1 util-linux
 IMAGE_APT_PACKAGES := podman runc debootstrap
 DEMO_DIR ?= demo-output
 
-# Install the Debian packages named in $(1) that are missing (root, or sudo).
+# Install the Debian packages named in $(1) that are missing (root, or sudo), without their
+# recommends (chromium's would bring an X stack and printer tools).
 define apt_install
 	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 endef
 # More demo settings: make demo DEMO_ARGS="--set train.steps=600" (README: configuration reference).
@@ -43,6 +44,12 @@ IMAGE_PREFIX ?= lmforge
 # The tag: the chart's appVersion, which the chart pulls by default.
 VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' helm/lmforge/Chart.yaml)
 CONTAINER_ENGINE ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || { command -v docker >/dev/null 2>&1 && echo docker; })
+# Every target that uses the engine checks it first: a CONTAINER_ENGINE from the environment is
+# kept by `?=`, and one that names no installed command would otherwise skip the image tests.
+define check_engine
+	@command -v "$(CONTAINER_ENGINE)" >/dev/null 2>&1 || { echo "CONTAINER_ENGINE=\"$(CONTAINER_ENGINE)\" is not an \
+	installed command: unset it, or install podman or docker (make image-tools installs podman)" >&2; exit 1; }
+endef
 # "" = docker/build.sh's default (python:3.11-slim-bookworm; a CUDA PyTorch image for trainer
 # and inference). `make base-image` builds LOCAL_BASE_IMAGE for machines without a registry.
 BASE_IMAGE ?=
@@ -99,7 +106,8 @@ docs: setup ## regenerate the README's configuration reference and the chart's v
 	$(PY) -m lmforge.common.config_reference --readme README.md
 	$(PY) -m lmforge.common.values_schema --write helm/lmforge/values.schema.json
 
-test: setup image-tools ## every test: about 16 min of pytest on 2 cores, plus the image builds
+test: setup image-tools ## every test, the image builds included (pytest lists the 25 slowest)
+	$(check_engine)
 	$(image_env) $(PY) -m pytest -q
 
 test-fast: setup ## the tests not marked slow (no end-to-end demo, no image builds)
@@ -107,6 +115,7 @@ test-fast: setup ## the tests not marked slow (no end-to-end demo, no image buil
 
 # The image tests alone (every service image, built on the local base image; `make test` runs them too).
 test-images: setup image-tools ## build every service image and run the image tests
+	$(check_engine)
 	$(image_env) $(PY) -m pytest -q -m images tests/images
 
 lint: setup ## ruff over services, tests, bench, pipelines, docker
@@ -166,6 +175,7 @@ image-tools: ## podman, runc and debootstrap (apt), for the images and their tes
 
 # Debian bookworm + python3 from debootstrap, imported as $(LOCAL_BASE_IMAGE) (once).
 base-image: image-tools ## a local Debian bookworm base image, for machines without a registry
+	$(check_engine)
 	CONTAINER_ENGINE="$(CONTAINER_ENGINE)" docker/make-base-image.sh $(LOCAL_BASE_IMAGE)
 
 # Every service image, tagged $(IMAGE_PREFIX)/SERVICE:$(VERSION). Without a registry:
@@ -175,7 +185,7 @@ images: $(addprefix image-,$(IMAGE_SERVICES)) ## every service image, tagged IMA
 ## image-SERVICE: one service image (dataprep, trainer, uploader, inference, canary)
 # (docker/service.Dockerfile, the service's stage; docker/build.sh sets its build arguments)
 $(addprefix image-,$(IMAGE_SERVICES)): image-%: setup
-	@test -n "$(CONTAINER_ENGINE)" || { echo "no podman or docker: install one (make image-tools installs podman)" >&2; exit 1; }
+	$(check_engine)
 	CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONTAINER_BUILD_FLAGS)" BASE_IMAGE="$(BASE_IMAGE)" \
 	  TORCH_SOURCE="$(TORCH_SOURCE)" VERSION="$(VERSION)" PYTHON=$(PY) \
 	  docker/build.sh $* $(IMAGE_PREFIX)/$*:$(VERSION)

@@ -1,4 +1,5 @@
-"""Reads back the dashboards page (lmforge.demo.dashboards_page): its panels, their charts and legends."""
+"""Reads back the dashboards page (lmforge.demo.dashboards_page): its panels, their charts, legends
+and stat values."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ class DrawnPanel:
     paths: list[int] = field(default_factory=list)  # data points of each drawn series
     legend: list[str] = field(default_factory=list)
     no_data: bool = False
+    stats: list[DrawnStat] = field(default_factory=list)
+
+
+@dataclass
+class DrawnStat:
+    name: str = ""
+    value: str = ""
+    color: str = ""  # "" when uncoloured
+    background: bool = False
 
 
 class _Reader(HTMLParser):
@@ -26,6 +36,7 @@ class _Reader(HTMLParser):
         self._in_legend_item = False
         self._text: list[str] = []
         self._nodata = False
+        self._stat_part: str | None = None  # "name" or "value" while inside one
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -42,15 +53,26 @@ class _Reader(HTMLParser):
             self._in_legend_item, self._text = True, []
         elif tag == "p" and attrs.get("class") == "nodata" and self.panels:
             self.panels[-1].no_data = True
+        elif tag == "div" and "grafana-stat" in attrs.get("class", "").split() and self.panels:
+            background = "background" in attrs["class"].split()
+            self.panels[-1].stats.append(DrawnStat(color=attrs.get("data-color", ""), background=background))
+        elif tag == "div" and self.panels and self.panels[-1].stats:
+            part = (attrs.get("class") or "").split()[:1]
+            self._stat_part = part[0] if part in (["name"], ["value"]) else None
 
     def handle_endtag(self, tag):
         if tag == "li" and self._in_legend_item:
             self._in_legend_item = False
             self.panels[-1].legend.append("".join(self._text).strip())
+        elif tag == "div":
+            self._stat_part = None
 
     def handle_data(self, data):
         if self._in_legend_item:
             self._text.append(data)
+        elif self._stat_part:
+            stat = self.panels[-1].stats[-1]
+            setattr(stat, self._stat_part, getattr(stat, self._stat_part) + data)
 
 
 def read_page(text: str) -> tuple[list[DrawnPanel], list[str], list[tuple[str, str]]]:

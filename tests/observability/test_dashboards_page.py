@@ -1,17 +1,23 @@
 """The dashboards page's drawing, on given series: Grafana's legendFormat and units, gaps where a
-value is NaN, one chart per panel with data, nothing fetched (no script, no external reference).
-Drawn from a real Prometheus: tests/e2e/test_observability.py and tests/e2e/test_demo.py."""
+value is NaN, one chart per panel with data, a stat panel as Grafana draws it (the chart's own
+panel JSON: last value, unit, threshold or mapping colour), nothing fetched (no script, no
+external reference). Drawn from a real Prometheus: tests/e2e/test_observability.py and
+tests/e2e/test_demo.py."""
 
 from __future__ import annotations
 
 import math
 import re
 
+import pytest
+
 from lmforge.demo.dashboards import load_dashboards, panel_targets, query_panels
-from lmforge.demo.dashboards_page import Dashboard, Panel, Series, Target, format_value, legend, render_page
-from tests.observability.page_charts import read_page
+from lmforge.demo.dashboards_page import Dashboard, Panel, Series, Target, format_value, legend, panel_of, render_page
+from tests.observability.page_charts import DrawnPanel, DrawnStat, read_page
 
 T0 = 1_700_000_000.0
+# Grafana's named colours as the chart's dashboards name them.
+GREEN, ORANGE, RED = "#73bf69", "#ff9830", "#f2495c"
 
 
 def test_legend_follows_grafanas_legend_format():
@@ -59,7 +65,7 @@ def test_one_chart_per_panel_with_data_and_gaps_where_values_are_nan():
         Dashboard("training", "lmforge / Training", [Panel("Loss and optimizer", "row"),
                                                      _panel("Loss", "none", steady),
                                                      _panel("Requests", "reqps", gappy),
-                                                     _panel("Score", "percentunit", lone, kind="stat")]),
+                                                     _panel("Score", "percentunit", lone)]),
         Dashboard("inference", "lmforge / Inference", [_panel("GPU utilization", "percentunit", requires="gpu"),
                                                        _panel("Queue time", "s")]),
     ], prometheus="http://127.0.0.1:9090", start=T0, end=T0 + 10, step=1)
@@ -78,3 +84,42 @@ def test_one_chart_per_panel_with_data_and_gaps_where_values_are_nan():
     # Self-contained: no script, nothing loaded from anywhere.
     assert "script" not in tags and not {a for _, a in attributes} & {"src", "href"}
     assert "@import" not in page and "url(" not in page
+
+
+def chart_panel(dashboard: str, title: str, *series: Series) -> Panel:
+    """The chart's own panel, read from its dashboard JSON as the page reads it, with `series`."""
+    spec = next(p for p in query_panels(load_dashboards()[dashboard]) if p["title"] == title)
+    panel = panel_of(spec)
+    panel.targets = [Target("some_expr", list(series))]
+    return panel
+
+
+def drawn_panel(panel: Panel) -> DrawnPanel:
+    page = render_page([Dashboard("d", "lmforge / D", [panel])], prometheus="http://127.0.0.1:9090", start=T0,
+                       end=T0 + 10, step=1)
+    (drawn,) = read_page(page)[0]
+    return drawn
+
+
+@pytest.mark.parametrize("ratio,text,color", [(0.002, "0.2%", GREEN), (0.03, "3%", ORANGE), (0.2, "20%", RED)])
+def test_a_stat_panel_is_its_last_value_in_its_unit_and_threshold_colour(ratio, text, color):
+    """5xx error ratio: percentunit, green below 0.01, orange from 0.01, red from 0.05."""
+    series = Series("5xx", [(T0, 0.5), (T0 + 1, ratio), (T0 + 2, math.nan)])  # the last non-null value
+    drawn = drawn_panel(chart_panel("inference", "5xx error ratio", series))
+    assert drawn.charts == 0 and drawn.legend == []  # no line chart of a lone point
+    assert drawn.stats == [DrawnStat("", text, color)]
+
+
+def test_stat_panels_show_mappings_names_and_colour_modes():
+    verdict = chart_panel("canary", "Verdict", Series("good", [(T0, 1.0)]), Series("worse", [(T0, 0.0)]))
+    assert drawn_panel(verdict).stats == [DrawnStat("good", "PASS", GREEN, background=True),
+                                          DrawnStat("worse", "FAIL", RED, background=True)]
+    ttft = chart_panel("inference", "TTFT p95", Series("p95", [(T0, 2.5)]))
+    assert drawn_panel(ttft).stats == [DrawnStat("", "2.5 s", ORANGE)]
+    queue = chart_panel("inference", "Running / waiting", Series("running", [(T0, 3.0)]),
+                        Series("waiting", [(T0, 12500.0)]))
+    assert drawn_panel(queue).stats == [DrawnStat("running", "3", GREEN), DrawnStat("waiting", "12.5 k", GREEN)]
+    model = chart_panel("inference", "Served model", Series("good v1 step 300 on cpu", [(T0, 1.0)]))
+    assert drawn_panel(model).stats == [DrawnStat("", "good v1 step 300 on cpu", "")]  # textMode name, no colour
+    nothing = chart_panel("inference", "KV-cache usage", Series("kv cache", [(T0, math.nan)]))
+    assert drawn_panel(nothing).no_data and not drawn_panel(nothing).stats

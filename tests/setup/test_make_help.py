@@ -30,10 +30,8 @@ def test_make_help_lists_every_target_once_with_a_line():
         listed[name] = what.strip()
     assert set(listed) == makefile_targets()
     assert all(listed.values()), [name for name, what in listed.items() if not what]
-    # the time `make help` gives for the tests is the one README gives
-    minutes = re.search(r"about (\d+) min of pytest", listed["test"])
-    readme = (REPO / "README.md").read_text()
-    assert minutes and f"`make test` takes about {minutes.group(1)} minutes" in readme, listed["test"]
+    # no duration for the tests, which would go stale (nor in README: tests/test_readme_figures.py)
+    assert not re.search(r"\d+ ?min", listed["test"]), listed["test"]
     assert "slow" in listed["test-fast"]
 
 

@@ -44,25 +44,22 @@ def test_close_stops_a_producer_that_is_ahead():
 
 def test_depth_batches_load_at_once_and_arrive_in_order():
     import threading
-    import time
 
-    loading, most = set(), [0]
-    lock = threading.Lock()
+    depth = 4
+    # Each of the first `depth` loads waits until all of them are loading: a prefetcher that
+    # loads fewer at once breaks the barrier (after its timeout), and the loop gets the error.
+    all_loading = threading.Barrier(depth, timeout=30)
+    finished = [threading.Event() for _ in range(8)]
 
-    def slow(index: int):
-        with lock:
-            loading.add(index)
-            most[0] = max(most[0], len(loading))
-        time.sleep(0.2 if index % 2 else 0.05)  # later batches finish first
-        with lock:
-            loading.discard(index)
+    def together(index: int):
+        if index < depth:
+            all_loading.wait()
+            if index + 1 < depth:
+                assert finished[index + 1].wait(timeout=30)  # later batches finish first
+        finished[index].set()
         return batch_fn(index)
 
-    prefetcher = Prefetcher(slow, range(8), depth=4, pin_memory=False)
-    started = time.perf_counter()
+    prefetcher = Prefetcher(together, range(8), depth=depth, pin_memory=False)
     got = [index for index, batch, _, _ in prefetcher if int(batch[0, 0]) == index]
-    elapsed = time.perf_counter() - started
     prefetcher.close()
     assert got == list(range(8))
-    assert most[0] == 4
-    assert elapsed < 0.8  # one at a time: 1.0 s

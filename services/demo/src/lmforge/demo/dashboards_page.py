@@ -2,10 +2,12 @@
 panel's own PromQL asked as a range query (as Grafana asks it), drawn as an inline SVG line chart
 with the panel's title, unit and legend (its legendFormat). No JavaScript, nothing fetched.
 
-Grafana itself is not part of the demo; this page shows what its dashboards would show. Panels
-of every type (stat, bar gauge, state timeline) are drawn as line charts of their series, with
-each series' last value in the legend, which is what a stat or bar gauge panel displays.
-This module asks and computes; templates/dashboards.html lays the page out."""
+Grafana itself is not part of the demo; this page shows what its dashboards would show. A stat
+panel is drawn as Grafana draws it: each series' last value, large, in the panel's unit and its
+threshold's colour (lmforge.demo.stat_panel). Panels of the other types (bar gauge, state
+timeline) are drawn as line charts of their series, with each series' last value in the legend,
+which is what a bar gauge displays. This module asks and computes; templates/dashboards.html
+lays the page out."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from lmforge.common.line_chart import Frame, LegendItem, Line, LineChart, line_c
 from lmforge.common.storage import atomic_write_bytes
 from lmforge.demo.dashboards import load_dashboards, panel_targets, panels, requires_of, unit_of
 from lmforge.demo.prometheus import query_range
+from lmforge.demo.stat_panel import StatStyle, StatValue, stat_values
 
 MAX_SERIES = 24  # per panel; the rest are counted, not drawn
 FRAME = Frame(width=520, height=224, left=80, right=12, top=10, bottom=40)
@@ -67,6 +70,7 @@ class Panel:
     unit: str = "none"
     requires: str | None = None
     targets: list[Target] = field(default_factory=list)
+    stat: StatStyle | None = None  # a stat panel's colours and text; None: Grafana's defaults
 
     @property
     def series(self) -> list[Series]:
@@ -99,6 +103,13 @@ def legend(fmt: str, labels: dict[str, str]) -> str:
     return f"{name}{{{rest}}}" if rest or not name else name
 
 
+def panel_of(spec: dict) -> Panel:
+    """A panel of a dashboard's JSON, before its targets are asked."""
+    kind = spec.get("type", "")
+    stat = StatStyle.of(spec) if kind == "stat" else None
+    return Panel(spec.get("title", ""), kind, unit_of(spec), requires_of(spec), stat=stat)
+
+
 def fetch(prometheus: str, start: float, end: float, step: float, **macros: str) -> list[Dashboard]:
     """Every panel of every dashboard, its targets asked as range queries over [start, end]
     (GPU-only panels' targets are listed, not asked: their series exist only where a GPU is)."""
@@ -106,7 +117,7 @@ def fetch(prometheus: str, start: float, end: float, step: float, **macros: str)
     for name, spec in load_dashboards().items():
         drawn = []
         for panel in panels(spec):
-            view = Panel(panel.get("title", ""), panel.get("type", ""), unit_of(panel), requires_of(panel))
+            view = panel_of(panel)
             drawn.append(view)
             if view.kind == "row":
                 continue
@@ -179,8 +190,9 @@ class PanelView:
     kind: str
     unit: str  # "" for none
     requires: str  # "" or "gpu"
-    chart: LineChart | None  # None: GPU-only, or no data
+    chart: LineChart | None  # None: a stat panel, GPU-only, or no data
     legend: list[LegendItem]
+    stats: list[StatValue]  # a stat panel's values
     errors: list[str]
     queries: list[str]
 
@@ -220,15 +232,23 @@ def _legend(panel: Panel) -> list[LegendItem]:
     return items
 
 
+def _stats(panel: Panel) -> list[StatValue]:
+    """A stat panel's value per series with data: its last finite one."""
+    last = [(s.legend, s.finite()[-1][1]) for s in panel.series[:MAX_SERIES] if s.finite()]
+    return stat_values(last, panel.stat or StatStyle(), lambda value: format_value(value, panel.unit))
+
+
 def panel_view(panel: Panel, start: float, end: float) -> PanelView:
     drawn = panel.requires != "gpu" and panel.points > 0
+    stat = panel.kind == "stat"
     return PanelView(
         panel.title,
         panel.kind,
         "" if panel.unit == "none" else panel.unit,
         panel.requires or "",
-        panel_chart(panel, start, end) if drawn else None,
-        _legend(panel) if drawn else [],
+        panel_chart(panel, start, end) if drawn and not stat else None,
+        _legend(panel) if drawn and not stat else [],
+        _stats(panel) if drawn and stat else [],
         [t.error for t in panel.targets if t.error],
         [t.expr for t in panel.targets],
     )

@@ -1,0 +1,25 @@
+"""README states no figure that goes stale: no test count, no duration of `make test`, and every
+speed-up (N× or Nx) it gives is one that docs/benchmarks.md records with its run."""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+BENCHMARKS = (REPO / "docs" / "benchmarks.md").read_text()
+SPEED_UP = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?[×x](?!\w)")
+
+
+def test_readme_names_no_test_count():
+    assert not re.findall(r"\b\d[\d,]* tests\b", README)
+
+
+def test_readme_gives_no_duration_for_make_test():
+    duration = r"\b\d+(?:\.\d+)? ?(?:minutes?|min|hours?|h|seconds?|s)\b"
+    assert not re.findall(rf"`make test`[^.`]*{duration}", README)
+
+
+def test_every_speed_up_in_readme_is_one_docs_benchmarks_records():
+    recorded = set(SPEED_UP.findall(BENCHMARKS))
+    assert recorded  # the pattern reads the benchmarks' own figures
+    assert set(SPEED_UP.findall(README)) <= recorded
