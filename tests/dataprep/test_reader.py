@@ -2,13 +2,14 @@
 
 import shutil
 
+from lmforge.dataprep.config import ReaderConfig
 from lmforge.dataprep.document import split_doc_id
 from lmforge.dataprep.steps.reader import WetReader
 from tests.dataprep.wet_records import english, gz_member, wet_record
 
 
-def read(path, index=0):
-    reader = WetReader()
+def read(path, index=0, config=None):
+    reader = WetReader(config)
     docs = list(reader.read(str(path), index))
     bad = {k.removeprefix("bad_input:"): v for k, v in reader.stats.counters.items() if k.startswith("bad_input:")}
     return reader, docs, bad
@@ -182,3 +183,23 @@ def test_a_content_length_that_is_not_a_number_drops_that_record_only(tmp_path):
         assert accounted(reader) == {"records_read": 3, "docs_in": 3, "docs_out": 2,
                                      "dropped": {"bad_content_length": 1}, "not_conversion": 0,
                                      "unparseable_inputs": 0}, gz
+
+
+def test_a_record_over_max_record_bytes_is_rejected_with_its_reason_and_the_rest_read(tmp_path):
+    records = [wet_record(f"https://s.example/{i}", english(i)) for i in range(3)]
+    records[1] = wet_record("https://s.example/1", b"x" * 5000 + b"\n")
+    for gz in (False, True):
+        path = tmp_path / ("big.wet" + (".gz" if gz else ""))
+        path.write_bytes(b"".join(gz_member(r) if gz else r for r in records))
+        reader, docs, _ = read(path, config=ReaderConfig(max_record_bytes=5000))
+        assert [d.url for d in docs] == ["https://s.example/0", "https://s.example/2"], gz
+        assert accounted(reader) == {"records_read": 3, "docs_in": 3, "docs_out": 2,
+                                     "dropped": {"record_too_large": 1}, "not_conversion": 0,
+                                     "unparseable_inputs": 0}, gz
+        assert reader.stats.bytes_in == len(english(0)) + 5001 + len(english(2)), gz
+    # one that is also cut short is the truncated record it is
+    cut = wet_record("https://s.example/3", b"y" * 6000 + b"\n", content_length=9000)
+    (tmp_path / "cut.wet").write_bytes(records[0] + cut)
+    reader, docs, bad = read(tmp_path / "cut.wet", config=ReaderConfig(max_record_bytes=5000))
+    assert [d.url for d in docs] == ["https://s.example/0"]
+    assert reader.stats.dropped == {"truncated": 1} and bad == {"truncated_record": 1}

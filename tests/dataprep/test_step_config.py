@@ -101,3 +101,23 @@ def test_the_cli_refuses_a_bad_step_before_writing_anything(tmp_path, capsys):
     assert run_cli("run", "--input", wet, "--output", out, "--set", "pipeline=[url_dedup, nosuch]") == 2
     assert "nosuch" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("module_source", "error"), [
+    (None, "ModuleNotFoundError: No module named 'user_step_module'"),
+    ("import os\nraise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here (%s, line 2)"),
+], ids=["missing", "raises"])
+def test_a_step_module_that_cannot_be_imported_is_one_config_error_line(tmp_path, capsys, monkeypatch,
+                                                                        module_source, error):
+    if module_source is not None:
+        (tmp_path / "user_step_module.py").write_text(module_source)
+        error %= tmp_path / "user_step_module.py"
+    monkeypatch.syspath_prepend(tmp_path)
+    wet = tmp_path / "in.warc.wet"
+    wet.write_bytes(b"")
+    code = run_cli("run", "--input", wet, "--output", tmp_path / "out", "--set", "pipeline=[mine]",
+                   "--set", "steps.mine.type=user_step_module:MyStep")
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "lmforge-dataprep run: error: steps.mine: step type 'user_step_module:MyStep' cannot be imported: "
+        f"importing user_step_module raised {error}"]

@@ -41,6 +41,14 @@ class ReaderConfig(StrictModel):
     max_html_bytes: int = Field(
         4 << 20, ge=1024, description="HTML pages larger than this (after content decoding) are dropped unparsed: "
                                       "a bound on extractor time and memory (Common Crawl cuts payloads at 1 MiB)")
+    # Common Crawl truncates a response's payload at 1 MiB: its WARC records hold that plus HTTP
+    # headers, and a WET record's text, extracted from such a page, is shorter, except where UTF-8
+    # takes two bytes for a character its page's one-byte charset (Cyrillic, Greek) stored in one.
+    # Twice that keeps every record of a crawl and still bounds a worker's memory per record.
+    max_record_bytes: int = Field(
+        2 << 20, ge=1024, description="a document record (WET text, WARC HTTP response) whose block is larger than "
+                                      "this is dropped as `record_too_large` without being read into memory: a "
+                                      "bound on a worker's memory per record (twice Common Crawl's 1 MiB truncation)")
 
 
 class MinHashConfig(StrictModel):

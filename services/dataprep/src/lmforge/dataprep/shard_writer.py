@@ -26,7 +26,7 @@ from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.document import format_doc_id
 from lmforge.dataprep.parquet_io import LINEAGE_SCHEMA, ParquetRowWriter
-from lmforge.dataprep.stats import peak_rss_bytes
+from lmforge.dataprep.stats import PeakRss
 from lmforge.dataprep.tokenize import read_token_index
 
 MANIFEST_FORMAT = "lmforge-shards"
@@ -97,7 +97,7 @@ def write_partition_shards(store: Store, config: DataprepConfig, tokenizer_info:
     """Write one partition's shards and lineage, then its manifest entries; return them with stats."""
     if store.exists(layout.shard_entries(partition)):
         return json.loads(store.read_text(layout.shard_entries(partition)))
-    started = time.perf_counter()
+    started, peak = time.perf_counter(), PeakRss()
     docs = _load_doc_table(store, inputs_of_partition)
     dtype = token_dtype(tokenizer_info["vocab_size"])
     token_maps = {}
@@ -111,7 +111,7 @@ def write_partition_shards(store: Store, config: DataprepConfig, tokenizer_info:
     entries = {split: writer.write_split(split, positions) for split, positions in (("train", train), ("val", val))}
     result = {"partition": partition, "inputs": [inputs_of_partition.start, inputs_of_partition.stop],
               "entries": entries, "documents": len(docs), "tokens": int(docs.token_count.sum(dtype=np.int64)),
-              "seconds": round(time.perf_counter() - started, 4), "peak_rss_bytes": peak_rss_bytes()}
+              "seconds": round(time.perf_counter() - started, 4), "peak_rss_bytes": peak.bytes()}
     store.write_text(layout.shard_entries(partition), json.dumps(result, indent=1))
     return result
 

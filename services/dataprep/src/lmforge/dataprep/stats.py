@@ -1,11 +1,12 @@
 """Per-step counters (documents and bytes in/out, drops per reason, extra counts, seconds,
-score histograms, a few examples of kept and removed documents) and the process's peak memory."""
+score histograms, a few examples of kept and removed documents) and a task's peak memory."""
 
 from __future__ import annotations
 
 import bisect
 import resource
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -120,7 +121,50 @@ def merge_stats(groups: Iterable[list[dict[str, Any]]]) -> list[StepStats]:
     return list(merged.values())
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process so far."""
+class PeakRss:
+    """This process's peak resident memory from the moment the PeakRss is made: a task's or a
+    phase's own figure.
+
+    getrusage's ru_maxrss will not do: a spawned pool process starts with its parent's high-water
+    mark (vfork + exec carries it over) and keeps the peaks of every task it ran before. Linux
+    keeps a high-water mark per address space too (VmHWM in /proc/self/status: a process's own
+    since its exec), which writing "5" to /proc/self/clear_refs resets to the current RSS. A
+    PeakRss resets it when made and reads it; a reset hands the mark it clears to every PeakRss
+    still open, so a phase's figure keeps the peaks of the tasks run inside it. Where the mark
+    cannot be reset (a read-only /proc) the figure is the process's peak since its exec; without
+    /proc (macOS), ru_maxrss."""
+
+    _open: weakref.WeakSet[PeakRss] = weakref.WeakSet()
+
+    def __init__(self) -> None:
+        self._cleared = 0  # the highest mark reset while this one was open
+        mark = _high_water_mark()
+        try:
+            with open(_CLEAR_REFS, "w") as clear_refs:
+                clear_refs.write("5")
+        except OSError:
+            pass
+        else:
+            for other in PeakRss._open:
+                other._cleared = max(other._cleared, mark)
+        PeakRss._open.add(self)
+
+    def bytes(self) -> int:
+        return max(self._cleared, _high_water_mark())
+
+
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+
+
+def _high_water_mark() -> int:
+    """VmHWM in bytes; ru_maxrss where there is no /proc."""
+    try:
+        with open(_STATUS, "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_maxrss if sys.platform == "darwin" else usage.ru_maxrss * 1024  # Linux: KiB

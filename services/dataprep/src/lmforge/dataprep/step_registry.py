@@ -11,6 +11,7 @@ every built-in step's module to check its settings when it loads.
 from __future__ import annotations
 
 import importlib
+import traceback
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from lmforge.common.config import StrictModel
+from lmforge.common.errors import ConfigError
 
 
 class StepSettings(StrictModel):
@@ -66,24 +68,39 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
 
 @cache
 def step_class(type_name: str) -> type:
-    """The class of a built-in step type or of a "module:Class" path."""
+    """The class of a built-in step type or of a "module:Class" path. A module that cannot be
+    imported, whatever it raised, is a ConfigError (which pydantic does not catch): the config
+    stops loading with that one line."""
     spec = BUILTIN_STEPS.get(type_name, type_name)
     module_name, sep, class_name = spec.partition(":")
     if not sep:
         raise ValueError(f"unknown step type {type_name!r}; built-in types: {', '.join(BUILTIN_STEPS)} "
                           f"(or module:Class)")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"step type {type_name!r} cannot be imported: {exc}") from None
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - a user's module may raise anything while it loads
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
+        raise ConfigError(f"step type {type_name!r} cannot be imported: importing {module_name} raised "
+                          f"{message}{_raised_at(exc)}") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ConfigError(f"step type {type_name!r} cannot be imported: module {module_name} has no {class_name}")
     if not isinstance(getattr(cls, "Settings", None), type) or not issubclass(cls.Settings, StepSettings):
         raise ValueError(f"step type {type_name!r}: {spec} has no Settings (a StepSettings subclass)")
     return cls
 
 
+def _raised_at(exc: BaseException) -> str:
+    """` (file, line N)` of the innermost frame outside the import machinery, if any."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)[1:]  # [0]: step_class's own call
+              if not f.filename.startswith("<") and Path(f.filename).parent.name != "importlib"]
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
 def settings_for(step_id: str, raw: Any) -> StepSettings:
     """Validate one step's settings (a mapping, or a model already); a ValueError names the step
-    (pydantic reports it at `steps` and load_config turns it into a ConfigError)."""
+    (pydantic reports it at `steps` and load_config turns it into a ConfigError), and so does the
+    ConfigError of a step type that cannot be imported."""
     if isinstance(raw, StepSettings):
         raw = raw.model_dump(exclude_unset=True)
     raw = dict(raw or {})
@@ -94,7 +111,10 @@ def settings_for(step_id: str, raw: Any) -> StepSettings:
     if step_id not in BUILTIN_STEPS and not raw.get("type"):
         raise ValueError(f"pipeline step {step_id!r} is not a built-in step; name its type in "
                           f"steps.{step_id}.type (built-in types: {', '.join(BUILTIN_STEPS)})")
-    cls = step_class(type_name)
+    try:
+        cls = step_class(type_name)
+    except ConfigError as exc:
+        raise ConfigError(f"steps.{step_id}: {exc}") from None
     try:
         return cls.Settings.model_validate(raw)
     except ValidationError as exc:

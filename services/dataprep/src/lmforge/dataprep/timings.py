@@ -3,9 +3,10 @@ recorded them.
 
 Every process that does work in a phase writes one record when its part of the phase ends,
 work/timings/<phase>/<host>-<pid>-<start µs>.json: start and end (epoch seconds), CPU seconds
-(its own and those of the tasks its pool processes ran for it) and its own peak RSS (the pool
-processes report theirs per task). A phase's wall-clock is the length of the union of its records' intervals:
-Indexed-Job pods working side by side count once, and a rerun after a crash adds its own time.
+(its own and those of the tasks its pool processes ran for it) and its own peak RSS over the phase
+(stats.PeakRss; the pool processes report theirs per task). A phase's wall-clock is the length of
+the union of its records' intervals: Indexed-Job pods working side by side count once, and a rerun
+after a crash adds its own time.
 A process killed mid-phase leaves no record, and a rerun with nothing left to do writes none.
 """
 
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 
 from lmforge.common.storage import Store
 from lmforge.dataprep.layout import TIMINGS
-from lmforge.dataprep.stats import peak_rss_bytes
+from lmforge.dataprep.stats import PeakRss
 
 # Phase → what it does, in run order.
 PHASES: dict[str, str] = {
@@ -59,7 +60,7 @@ def timed_phase(store: Store, phase: str, items: int) -> Iterator[dict]:
     to do, no record). The yielded dict is written with the record: add fields to it."""
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
-    started, clock, cpu = time.time(), time.perf_counter(), _cpu_seconds()
+    started, clock, cpu, peak = time.time(), time.perf_counter(), _cpu_seconds(), PeakRss()
     record: dict = {"items": items}
     yield record
     if items <= 0:
@@ -71,7 +72,7 @@ def timed_phase(store: Store, phase: str, items: int) -> Iterator[dict]:
         "started": round(started, 6),
         "ended": round(started + time.perf_counter() - clock, 6),
         "cpu_seconds": round(_cpu_seconds() - cpu, 4),
-        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_bytes": peak.bytes(),
     })
     name = f"{TIMINGS}/{phase}/{record['host']}-{record['pid']}-{int(started * 1e6)}.json"
     store.write_text(name, json.dumps(record, indent=1, sort_keys=True))

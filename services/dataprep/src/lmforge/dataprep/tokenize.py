@@ -25,7 +25,7 @@ from lmforge.dataprep.config import DataprepConfig, TokenizerConfig
 from lmforge.dataprep.dedup_global import KIND_REASONS, load_removed
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.parquet_io import REJECT_SCHEMA, ArrowRowWriter, ParquetRowWriter, iter_batches, open_arrow
-from lmforge.dataprep.stats import StepStats, peak_rss_bytes
+from lmforge.dataprep.stats import PeakRss, StepStats
 
 TOKEN_INDEX_SCHEMA = pa.schema([
     ("doc_id", pa.uint64()),
@@ -141,6 +141,7 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
     index (doc → token range) and the dedup rejects of that input."""
     if store.exists(layout.tokenize_done(input_index)):
         return json.loads(store.read_text(layout.tokenize_stats(input_index)))
+    peak = PeakRss()
     removed, removed_reasons = load_removed(store, input_index)
     started = time.perf_counter()
     tokenizer = load_tokenizer(store)
@@ -200,7 +201,7 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
             tok_stats.seconds += time.perf_counter() - tick
     tok_stats.counters["tokens"] = token_cursor
     summary = {"input_index": input_index, "tokens": token_cursor,
-               "seconds": round(time.perf_counter() - started, 4), "peak_rss_bytes": peak_rss_bytes(),
+               "seconds": round(time.perf_counter() - started, 4), "peak_rss_bytes": peak.bytes(),
                "steps": [stats.to_dict(), tok_stats.to_dict()]}
     store.write_text(layout.tokenize_stats(input_index), json.dumps(summary, indent=1))
     store.write_text(layout.tokenize_done(input_index), "")

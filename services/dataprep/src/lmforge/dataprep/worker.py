@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import resource
 import time
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher
 from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
 from lmforge.dataprep.pipeline import BaseTransform, PipelineStep, chain
+from lmforge.dataprep.stats import PeakRss
 from lmforge.dataprep.step_registry import build_step
 from lmforge.dataprep.steps.dedup import stable_hash64
 from lmforge.dataprep.steps.reader import WetReader
@@ -110,7 +110,7 @@ def process_input(store: Store, config: DataprepConfig, uri: str, input_index: i
     if store.exists(layout.input_done(input_index)):
         stats = json.loads(store.read_text(layout.input_stats(input_index)))
         return InputResult(input_index, uri, 0.0, 0, stats["input_bytes"], stats["docs_kept"], skipped=True)
-    started = time.perf_counter()
+    started, peak = time.perf_counter(), PeakRss()
     reader = WetReader(config.reader)
     steps = build_filter_steps(config)
     minhash_step = MinHashStep(hasher or MinHasher(config.minhash))
@@ -136,7 +136,7 @@ def process_input(store: Store, config: DataprepConfig, uri: str, input_index: i
     plan = PartitionPlan.from_config(config.minhash)
     store.write_bytes(layout.dedup_keys(input_index), minhash_step.key_file_bytes(plan))
     seconds = time.perf_counter() - started
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak_rss = peak.bytes()
     input_bytes = int(reader.stats.counters.get("input_bytes", 0))
     summary = {
         "input": uri,

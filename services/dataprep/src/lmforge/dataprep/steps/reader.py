@@ -16,7 +16,10 @@ also per type as `skipped:<type>`), `skipped:non_html` / `skipped:http_status` /
 record in them). An HTML page that yields no text is dropped with its reason, also counted as
 `html:<reason>`: `html_too_large` (over max_html_bytes), `bad_content_encoding`,
 `undecodable_html`, `extractor_error`; `charset_from:<http|meta|bom|detected|default>`
-counts where each page's charset came from.
+counts where each page's charset came from. A document record whose block (Content-Length) is
+over `max_record_bytes` is dropped as `record_too_large` (when it is all there) without being
+held: it is read through a MiB at a time, and warcio inflates 16 KiB of gzip at a time (16 MiB
+at zlib's highest ratio), so a worker's memory does not grow with a record's size.
 
 Bad input is counted per kind in the `read` step's counters (`bad_input:<kind>`) and the
 rest of the file is still processed:
@@ -27,7 +30,8 @@ rest of the file is still processed:
 - `truncated_gzip` / `truncated_record`: the body is shorter than its Content-Length;
 - `bad_content_length`: a record not followed by the blank lines its Content-Length
   promises (warcio then loses sync); the record is dropped and, on seekable inputs, reading
-  resumes at the next record (`WARC/1.` line, or gzip member for .gz);
+  resumes at the next record (`WARC/1.` line, or gzip member for .gz); what follows it is read
+  in lines of at most MAX_LINE_BYTES, however long its lines are;
 - `corrupt_gzip`: undecodable compressed data; resync as above;
 - `non_utf8`: a body that is not UTF-8 (dropped, never replaced with U+FFFD).
 """
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from warcio.archiveiterator import ArchiveIterator
+from warcio.bufferedreaders import DecompressingBufferedReader
 from warcio.exceptions import ArchiveLoadFailed
 
 from lmforge.common.errors import InputError
@@ -61,6 +66,7 @@ DOCUMENT_RECORD_TYPES = {"wet": {"conversion"}, "warc": {"response"}, "auto": {"
 GZIP_MAGIC = b"\x1f\x8b\x08"
 WARC_LINE = b"WARC/1."
 SCAN_CHUNK = 1 << 20
+MAX_LINE_BYTES = 1 << 20  # a WARC header line, or the line after a record, read longer is cut into pieces
 OPEN_BACKOFF_SECONDS = 0.2  # the first retry's wait at most; doubles, with full jitter
 OPEN_BACKOFF_MAX_SECONDS = 5.0
 
@@ -70,12 +76,25 @@ class _NotWarc(Exception):
     any line of text for an ARC header)."""
 
 
+class _LineBoundedReader(DecompressingBufferedReader):
+    """warcio's reader with lines cut at MAX_LINE_BYTES: after a wrong Content-Length, warcio reads
+    the next line whole (a 50 MB one-line body: held, and joined 16 KiB at a time); in pieces,
+    they fail to parse as a record and the reader resynchronises past them."""
+
+    def readline(self, length=None):
+        return super().readline(MAX_LINE_BYTES if length is None else min(length, MAX_LINE_BYTES))
+
+
 class _QuietArchiveIterator(ArchiveIterator):
     # warcio writes a warning to stderr for a record not followed by blank lines; we count
     # the same event through err_count instead.
     INC_RECORD = ""
     # warcio ends silently on a gzip member cut short; remember whether the last one ended.
     truncated_member = False
+
+    def __init__(self, fileobj, **kwargs):
+        super().__init__(fileobj, **kwargs)
+        self.reader = _LineBoundedReader(self.fh, block_size=self.reader.block_size)
 
     def close(self):
         decompressor = self.reader.decompressor if self.reader else None
@@ -90,10 +109,12 @@ class _Record:
     start: int
     url: str
     body: bytes
+    size: int  # of the block as read: the body's, or what was read through of one too large to keep
     content_length: int
     headers: dict[str, str]
     rec_type: str = "conversion"
     followed: bool = False  # another record was parsed after this one
+    too_large: bool = False  # over max_record_bytes: its body was not kept
 
 
 class WetReader(PipelineStep):
@@ -125,22 +146,24 @@ class WetReader(PipelineStep):
         gz = uri.endswith(".gz")
         try:
             for record in self._records(fh, gz, input_index):
-                body_len = len(record.body)
                 http = None
-                if record.rec_type == "response":
+                if record.rec_type == "response" and not record.too_large:
                     http = parse_http_response(record.body)
                     skip = self._response_skip(record, http)
                     if skip:
                         stats.counters[SKIPPED_PREFIX + skip] += 1
                         continue
                 stats.docs_in += 1
-                stats.bytes_in += body_len
+                stats.bytes_in += record.size
                 doc = Document(make_doc_id(input_index, record.index), record.url, "", {})
-                if body_len < record.content_length:
+                if record.size < record.content_length:
                     # Short with records after it: its Content-Length is wrong; at the end: cut off.
                     kind = "bad_content_length" if record.followed else ("truncated_gzip" if gz else "truncated_record")
                     self.count_bad(kind)
                     self.drop(doc, "bad_content_length" if record.followed else "truncated")
+                    continue
+                if record.too_large:
+                    self.drop(doc, "record_too_large")
                     continue
                 if http is not None:
                     text, reason = self._html_text(http, doc)
@@ -223,7 +246,7 @@ class WetReader(PipelineStep):
     def _drop_record(self, input_index: int, record: _Record, reason: str) -> None:
         """Reject a record that was never yielded; it is counted in like every other."""
         self.stats.docs_in += 1
-        self.stats.bytes_in += len(record.body)
+        self.stats.bytes_in += record.size
         self.drop(Document(make_doc_id(input_index, record.index), record.url, ""), reason)
 
     def _open(self, uri: str) -> BinaryIO | None:
@@ -273,14 +296,20 @@ class WetReader(PipelineStep):
                         counters[SKIPPED_PREFIX + (record.rec_type or "unknown")] += 1
                         continue
                     length = _content_length(record.rec_headers.get_header("Content-Length"))
+                    too_large = length is not None and length > self.config.max_record_bytes
+                    # the whole block (HTTP headers too: no_record_parse), never more than the bound
+                    # (warcio reads a record without a Content-Length to the end of the input)
+                    body = b"" if too_large else record.raw_stream.read(self.config.max_record_bytes)
                     current = _Record(
                         index=index,
                         start=iterator.offset,
                         url=record.rec_headers.get_header("WARC-Target-URI") or "",
-                        body=record.raw_stream.read(),  # the whole block (HTTP headers too): no_record_parse
+                        body=body,
+                        size=_read_through(record.raw_stream) if too_large else len(body),
                         content_length=length or 0,
                         headers=dict(record.rec_headers.headers),
                         rec_type=record.rec_type,
+                        too_large=too_large,
                     )
                     index += 1
                     if length is None:  # not a number: whatever warcio read as its body is a guess
@@ -345,6 +374,14 @@ def _content_length(header: str | None) -> int | None:
         return int(header or 0)
     except ValueError:
         return None
+
+
+def _read_through(stream) -> int:
+    """Bytes left in a record's block, read and let go a MiB at a time."""
+    size = 0
+    while chunk := stream.read(SCAN_CHUNK):
+        size += len(chunk)
+    return size
 
 
 def _find_next_record(fh: BinaryIO, start: int, gz: bool) -> int | None:
