@@ -99,16 +99,25 @@ def test_nothing_committed_loads_nothing(tmp_path):
     assert load_latest(tmp_path, model, optimizer) is None
 
 
-def test_with_a_sidecar_retention_deletes_only_uploaded_checkpoints(tmp_path):
-    from lmforge.common.checkpoint_layout import UPLOADED_MARKER
+def test_with_a_sidecar_retention_deletes_only_checkpoints_the_store_holds(tmp_path):
+    """The sidecar's UPLOADED marker names the store and its manifest, and retention checks the
+    store (here a file:// one); an empty marker, as older uploaders wrote, says nothing."""
+    from lmforge.common.checkpoint_layout import UPLOADED_MARKER, mark_uploaded, step_name
 
+    local, store = tmp_path / "checkpoints", tmp_path / "store"
     model, optimizer = model_and_optimizer()
-    checkpointer = Checkpointer(tmp_path, keep=1, async_save=False, purge_requires_upload=True)
+    checkpointer = Checkpointer(local, keep=1, async_save=False, purge_requires_upload=True)
     checkpointer.save(1, model, optimizer, {})
     checkpointer.save(2, model, optimizer, {})
-    assert committed_steps(tmp_path) == [1, 2]  # step 1 is not uploaded yet: kept
-    (step_dir(tmp_path, 1) / UPLOADED_MARKER).write_bytes(b"")
-    (step_dir(tmp_path, 2) / UPLOADED_MARKER).write_bytes(b"")
+    assert committed_steps(local) == [1, 2]  # step 1 is not uploaded yet: kept
+    (step_dir(local, 1) / UPLOADED_MARKER).write_bytes(b"")
     checkpointer.save(3, model, optimizer, {})
+    assert committed_steps(local) == [1, 2, 3]
+    for step in (1, 2, 3):
+        manifest = f"checkpoints/{step_name(step)}/MANIFEST.json"
+        (store / manifest).parent.mkdir(parents=True)
+        (store / manifest).write_text(json.dumps({"step": step}))
+        mark_uploaded(step_dir(local, step), f"file://{store}", manifest)
+    checkpointer.save(4, model, optimizer, {})
     checkpointer.close()
-    assert committed_steps(tmp_path) == [3]
+    assert committed_steps(local) == [4]

@@ -49,13 +49,14 @@ class FaultProxy:
 
     def __init__(self, target: str, *, reset: float = 0.0, error_500: float = 0.0, slow_down: float = 0.0,
                  delay: float = 0.0, delay_seconds: float = 0.5, seed: int = 0,
-                 methods: Iterable[str] | None = None, upstream_timeout: float = 60.0):
+                 methods: Iterable[str] | None = None, upstream_timeout: float = 60.0, port: int = 0):
         parts = urlsplit(target)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"FaultProxy needs an http://host:port target, got {target!r}")
         self.target = target
         self.target_address = (parts.hostname, parts.port or 80)
         self.upstream_timeout = upstream_timeout
+        self.port = port  # 0: a free one; another proxy's port brings a stopped proxy's endpoint back
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
         self._stats = dict.fromkeys(KINDS, 0)
@@ -91,7 +92,7 @@ class FaultProxy:
         return f"http://{host}:{port}"
 
     def start(self) -> FaultProxy:
-        server = _Server(("127.0.0.1", 0), _Handler)
+        server = _Server(("127.0.0.1", self.port), _Handler)
         server.proxy = self
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},

@@ -4,7 +4,9 @@ its commit marker is written").
 
     CKPT_DIR/step-00000042/...        one directory per step
     CKPT_DIR/step-00000042/COMMITTED  written last by the trainer: the files are complete
-    CKPT_DIR/step-00000042/UPLOADED   written by the uploader once the object store has it
+    CKPT_DIR/step-00000042/UPLOADED   written by the uploader (and restore) once a store holds it: which
+                                      store, and which MANIFEST.json there (UploadRecord); "uploaded"
+                                      is checked against that store (is_uploaded), never the bare file
     CKPT_DIR/step-00000042/BAD        written by the trainer when a committed checkpoint failed
                                       to load ({"step", "file", "reason", …}): no reader uses the step again,
                                       and no cleanup deletes it (an operator may want to look);
@@ -14,9 +16,20 @@ its commit marker is written").
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
+
+from lmforge.common.errors import StorageError
+from lmforge.common.logging import get_logger
+from lmforge.common.retry import RetryPolicy
+from lmforge.common.s3 import ObjectHead, S3Bucket
+from lmforge.common.storage import atomic_write_bytes
 
 COMMIT_MARKER = "COMMITTED"
 UPLOADED_MARKER = "UPLOADED"
@@ -90,3 +103,103 @@ def best_checkpoint(root: Path) -> dict | None:
         return None
     best = json.loads(path.read_text())
     return best if is_committed(step_dir(root, best["step"])) else None
+
+
+# -- the UPLOADED marker ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UploadRecord:
+    """What an UPLOADED marker says: the store that holds the step (`destination`, the uploader's
+    --dest or restore's --src, and its `endpoint_url` when not the default) and which manifest it
+    holds there: the manifest's path under `destination`, its ETag and size (a file:// store has
+    no ETag: the manifest's sha256 stands in)."""
+
+    destination: str
+    manifest: str
+    etag: str
+    size: int
+    endpoint_url: str | None = None
+
+    @property
+    def manifest_uri(self) -> str:
+        return f"{self.destination}/{self.manifest}"
+
+
+def stored_manifest(destination: str, manifest: str, endpoint_url: str | None = None) -> ObjectHead | None:
+    """The manifest's identity in the store (one HEAD; a few quick retries, so a trainer asking
+    is never held up long); None when the store does not hold it."""
+    parsed = urlparse(destination)
+    if parsed.scheme == "file":
+        path = Path(parsed.path) / manifest
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return ObjectHead(hashlib.sha256(data).hexdigest(), len(data))
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise StorageError(f"destination {destination!r}: expected s3://BUCKET/PREFIX or file:///PATH")
+    key = "/".join(part for part in (parsed.path.strip("/"), manifest) if part)
+    return _bucket(parsed.netloc, endpoint_url).head(key)
+
+
+@functools.lru_cache(maxsize=8)
+def _bucket(name: str, endpoint_url: str | None) -> S3Bucket:
+    """One client per store for the process: making one costs far more than the HEAD."""
+    return S3Bucket(name, endpoint_url, concurrency=1, connect_timeout=5.0, read_timeout=10.0,
+                    retry=RetryPolicy(attempts=3, max_seconds=2.0, log=get_logger("storage")))
+
+
+def mark_uploaded(step_path: Path, destination: str, manifest: str, endpoint_url: str | None = None) -> UploadRecord:
+    """Write the step's UPLOADED marker for the manifest `destination` now holds (its identity
+    read back with one HEAD). Raises StorageError when the store does not hold it."""
+    head = stored_manifest(destination, manifest, endpoint_url)
+    if head is None:
+        raise StorageError(f"{destination}/{manifest}: not in the store right after it was written")
+    record = UploadRecord(destination, manifest, head.etag, head.size, endpoint_url)
+    atomic_write_bytes(step_path / UPLOADED_MARKER, json.dumps(dataclasses.asdict(record), sort_keys=True).encode())
+    return record
+
+
+def upload_record(step_path: Path) -> UploadRecord | None:
+    """The step's UPLOADED marker; None when there is none, or it says nothing usable (an empty
+    marker of an older uploader, or a damaged one)."""
+    try:
+        return UploadRecord(**json.loads((step_path / UPLOADED_MARKER).read_bytes()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def is_uploaded(step_path: Path, destination: str | None = None) -> bool:
+    """The one meaning of "uploaded" (the uploader's --exit-when-done and disk freeing, the
+    trainer's purge_requires_upload): the step's UPLOADED marker names `destination` (any store,
+    when None: the trainer is not told the sidecar's) and that store holds the very manifest
+    the marker records, same ETag and size (one HEAD). An empty or damaged marker, one for
+    another store, a manifest deleted or replaced since, a store that does not answer: not
+    uploaded."""
+    record = upload_record(step_path)
+    if record is None or (destination is not None and record.destination != destination.rstrip("/")):
+        return False
+    try:
+        head = stored_manifest(record.destination, record.manifest, record.endpoint_url)
+    except Exception as exc:  # noqa: BLE001 - unreachable, denied, ...: "not uploaded" is the safe answer
+        get_logger("storage").warning("upload_check_failed", manifest=record.manifest_uri,
+                                      error=f"{type(exc).__name__}: {exc}", action="counted as not uploaded")
+        return False
+    return head is not None and (head.etag, head.size) == (record.etag, record.size)
+
+
+def safe_to_delete(root: Path, step: int, destination: str | None = None) -> bool:
+    """Whether retention (the trainer's purge_requires_upload) or disk freeing may delete the local
+    checkpoint `step`: its UPLOADED marker names `destination` (any store, when None) and that
+    store holds it (is_uploaded), or held it and has since pruned it by its own retention: the
+    store holds the newest later committed step whose marker names it. A step never uploaded
+    there is kept."""
+    record = upload_record(step_dir(root, step))
+    if record is None or (destination is not None and record.destination != destination.rstrip("/")):
+        return False
+    if is_uploaded(step_dir(root, step), record.destination):
+        return True
+    later = [s for s in committed_steps(root) if s > step
+             and (r := upload_record(step_dir(root, s))) is not None and r.destination == record.destination]
+    return bool(later) and is_uploaded(step_dir(root, later[-1]), record.destination)

@@ -115,6 +115,14 @@ class StoredObject:
 
 
 @dataclass(frozen=True)
+class ObjectHead:
+    """What a HEAD says of an object: its ETag (the store's identity of these bytes) and size."""
+
+    etag: str
+    size: int
+
+
+@dataclass(frozen=True)
 class OpenUpload:
     """An upload begun and neither completed nor aborted."""
 
@@ -162,19 +170,25 @@ class S3Bucket:
         self._call("head_bucket", lambda: self.client.head_bucket(Bucket=self.bucket),
                    dataclasses.replace(self.retry, attempts=3, should_stop=never))
 
-    def size_of(self, key: str) -> int | None:
-        """The object's size; None when there is no object at `key`."""
+    def head(self, key: str) -> ObjectHead | None:
+        """The object's ETag and size (one HEAD); None when there is no object at `key`."""
         from botocore.exceptions import ClientError
 
         def head():
             try:
-                return self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"]
+                response = self.client.head_object(Bucket=self.bucket, Key=key)
             except ClientError as exc:
                 if error_code(exc) in NOT_FOUND_CODES:
                     return None
                 raise
+            return ObjectHead(response["ETag"], response["ContentLength"])
 
         return self._call(f"head {key}", head)
+
+    def size_of(self, key: str) -> int | None:
+        """The object's size; None when there is no object at `key`."""
+        head = self.head(key)
+        return None if head is None else head.size
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object's bytes; None when there is no object at `key`."""

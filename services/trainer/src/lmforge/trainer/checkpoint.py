@@ -11,10 +11,12 @@ RUN_DIR/checkpoints/best.json  {"step", "val_loss"} of the best committed checkp
 
 A directory without COMMITTED is an interrupted save: readers ignore it, and the next
 save of that step replaces it. Retention keeps the newest `keep` committed checkpoints
-plus the best one. Resume loads the newest committed checkpoint that loads on every rank
-(through checkpoint_reader: nothing in a checkpoint is run as code); one that fails is
-reported, marked BAD and kept (a later save of its step moves it aside to
-`step-N.bad`), and the next older one is tried.
+plus the best one; with purge_requires_upload, also every one the store does not hold
+(checkpoint_layout.safe_to_delete: a HEAD of the manifest in the store its UPLOADED marker
+names; the trainer is not told the sidecar's destination). Resume
+loads the newest committed checkpoint that loads on every rank (through checkpoint_reader:
+nothing in a checkpoint is run as code); one that fails is reported, marked BAD and kept (a
+later save of its step moves it aside to `step-N.bad`), and the next older one is tried.
 
 Saves are asynchronous by default: the step blocks only while DCP stages the state into
 CPU memory (buffers kept from one save to the next, pinned on GPU); a background thread
@@ -47,11 +49,11 @@ from lmforge.common.checkpoint_layout import (
     BAD_MARKER,
     BEST_FILE,
     COMMIT_MARKER,
-    UPLOADED_MARKER,
     bad_steps,
     best_checkpoint,
     committed_steps,
     is_committed,
+    safe_to_delete,
     set_aside,
     step_dir,
     step_dirs,
@@ -201,8 +203,8 @@ class Checkpointer:
         for old in committed_steps(self.root)[: -self.keep]:
             if best is not None and old == best["step"]:
                 continue
-            if self.purge_requires_upload and not (step_dir(self.root, old) / UPLOADED_MARKER).exists():
-                continue  # the sidecar has not published it yet; it frees the disk itself later
+            if self.purge_requires_upload and not safe_to_delete(self.root, old):
+                continue  # not in the store its UPLOADED marker names (checked there); the sidecar frees it later
             # The marker first: a deletion cut short never leaves half a checkpoint that looks whole.
             (step_dir(self.root, old) / COMMIT_MARKER).unlink(missing_ok=True)
             shutil.rmtree(step_dir(self.root, old), ignore_errors=True)

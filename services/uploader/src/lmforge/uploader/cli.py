@@ -80,7 +80,9 @@ def build_cli() -> ServiceCli:
                         config="load")
     watch.add_argument("--dir", required=True, help="the trainer's checkpoint directory (RUN_DIR/checkpoints)")
     watch.add_argument("--dest", required=True, help="s3://BUCKET/PREFIX/RUN or file:///PATH")
-    watch.add_argument("--exit-when-done", action="store_true", help="exit 0 once the final checkpoint is uploaded")
+    watch.add_argument("--exit-when-done", action="store_true",
+                       help="exit 0 once the store holds the final checkpoint (checked there, never taken from a "
+                            "local marker; an unreachable store is retried until it answers or SIGTERM)")
     restore_cmd = cli.command("restore", cmd_restore, help="download the newest complete checkpoint (init container)",
                               config="load")
     restore_cmd.add_argument("--src", required=True, help="s3://BUCKET/PREFIX/RUN or file:///PATH")

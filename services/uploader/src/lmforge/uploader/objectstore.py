@@ -32,6 +32,7 @@ class S3Destination:
         if parsed.scheme != "s3" or not parsed.netloc:
             raise ConfigError(f"destination {uri!r}: expected s3://BUCKET/PREFIX or file:///PATH")
         self.uri = uri.rstrip("/")
+        self.endpoint_url = endpoint_url  # None: the AWS chain's (AWS_ENDPOINT_URL); UPLOADED markers record it
         self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
         self.store = S3Bucket(self.bucket, endpoint_url, part_size=transfer.part_size,
                               concurrency=transfer.concurrency, connect_timeout=transfer.connect_timeout_seconds,
@@ -97,6 +98,8 @@ class S3Destination:
 
 class FileDestination:
     """A directory standing in for the object store (the embedded default and tests)."""
+
+    endpoint_url = None
 
     def __init__(self, uri: str):
         self.uri = uri.rstrip("/")

@@ -8,7 +8,9 @@ once its files match that manifest (names, sizes, sha256); otherwise the store's
 replaces it. A checkpoint marked BAD (it failed to load: locally by the trainer, or in the
 store by an uploader that found the same files there) is passed over, never restored as the
 newest. Files land in a temp directory that is renamed into place, and the commit marker is
-written last, so the trainer never sees half a restore. With nothing in the store, restore
+written last, so the trainer never sees half a restore. The restored step's UPLOADED marker
+names the store it came from and its manifest (ETag, size): a sidecar watching that store need
+not upload it again, one watching another store does. With nothing in the store, restore
 succeeds and training starts fresh.
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 from lmforge.common.checkpoint_layout import (
     BAD_MARKER,
     COMMIT_MARKER,
-    UPLOADED_MARKER,
+    mark_uploaded,
     parse_step,
     step_dir,
     step_name,
@@ -128,7 +130,11 @@ def _restore_step(destination, local_dir: Path, step: int, manifest: dict, paral
         (target / COMMIT_MARKER).unlink(missing_ok=True)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(temp, target)
-        atomic_write_bytes(target / UPLOADED_MARKER, b"")  # the sidecar need not upload it again
+        try:
+            mark_uploaded(target, destination.uri, remote_step_prefix(step) + MANIFEST, destination.endpoint_url)
+        except Exception as exc:  # noqa: BLE001 - the marker only spares the sidecar a check of the files
+            log.warning("restore_unmarked", step=step, error=f"{type(exc).__name__}: {exc}",
+                        action="the sidecar compares the files with the store's manifest instead")
         atomic_write_bytes(target / COMMIT_MARKER, b"")
     finally:
         shutil.rmtree(temp, ignore_errors=True)

@@ -4,9 +4,13 @@ prune the store, and free local disk.
 A checkpoint is uploaded only when the trainer's commit marker is present (never one still
 being written). Its files go up in parallel (multipart, CRC32C per part); then MANIFEST.json
 (files, sizes, sha256) is written: only then is the checkpoint in the store. Locally an
-UPLOADED marker records that, so a restarted sidecar does not hash it again; without the
-marker, a manifest already in the store is checked against the local files, and files an
-interrupted sidecar had sent whole (its journal in the step directory) are not sent again.
+UPLOADED marker records where and which manifest (the destination, the manifest's ETag and
+size), so a restarted sidecar does not hash it again once one HEAD confirms the store holds
+it. "Uploaded" is always this destination holding that manifest (checkpoint_layout.is_uploaded),
+never the bare file: a marker of another destination (restore's, an earlier watch's) or an
+empty one of an older version is not. Without a marker that holds, a manifest already in the
+store is checked against the local files, and files an interrupted sidecar had sent whole (its
+journal in the step directory) are not sent again.
 Each file is read once: the same pass feeds the manifest's sha256 and the parts' CRC32C.
 
 Several uploaders may share one destination (a pod being replaced while its successor
@@ -31,12 +35,16 @@ from pathlib import Path
 from lmforge.common.checkpoint_layout import (
     BAD_MARKER,
     COMMIT_MARKER,
-    UPLOADED_MARKER,
+    UploadRecord,
     bad_steps,
     best_checkpoint,
     committed_steps,
+    is_uploaded,
+    mark_uploaded,
     parse_step,
+    safe_to_delete,
     step_dir,
+    upload_record,
 )
 from lmforge.common.errors import LmforgeError
 from lmforge.common.logging import get_logger
@@ -115,8 +123,8 @@ class CheckpointUploader:
         self.metrics = metrics or UploaderMetrics()
         self.stopping = threading.Event()  # SIGTERM: start nothing new
         self.cancel = threading.Event()  # grace period over: abort what is in flight
-        self.final_uploaded = False
         self.last_uploaded_step = -1
+        self._confirmed: dict[int, UploadRecord] = {}  # markers the store has confirmed while this process runs
         self._manifests: dict[int, dict] = {}
         self._remote_bad: set[int] = set()  # steps marked BAD in the store
         self._bad_checked: set[int] = set()  # local BAD steps already compared with the store
@@ -184,17 +192,43 @@ class CheckpointUploader:
         return wait_seconds
 
     def _in_store(self, step: int, manifests: dict[int, dict]) -> bool:
+        """Whether the store holds this local checkpoint. A marker is checked against the store
+        once (one HEAD), then trusted while the listing shows the manifest."""
         path = step_dir(self.local_dir, step)
         if step not in manifests:
+            self._confirmed.pop(step, None)
             return False
-        if (path / UPLOADED_MARKER).exists():
+        record = upload_record(path)
+        if record is not None and self._confirmed.get(step) == record:
+            return True  # the same marker (a new copy of the step has none)
+        if record is not None and is_uploaded(path, self.dest.uri):
+            self._confirmed[step] = record
             return True
-        # A manifest from an earlier sidecar: trust it only if it describes these files.
+        # A manifest of an earlier sidecar, or one replaced since the marker: trust it only if it
+        # describes these files.
         if (problem := local_mismatch(path, manifests[step])) is not None:
             log.warning("manifest_mismatch", step=step, reason=problem, action="uploading again")
             return False
-        atomic_write_bytes(path / UPLOADED_MARKER, b"")
+        self._mark_uploaded(step)
         return True
+
+    def _mark_uploaded(self, step: int) -> None:
+        self._confirmed[step] = mark_uploaded(step_dir(self.local_dir, step), self.dest.uri,
+                                              remote_step_prefix(step) + MANIFEST, self.dest.endpoint_url)
+
+    def _marked_here(self, step: int) -> bool:
+        """Its UPLOADED marker names this destination (not checked in the store)."""
+        record = upload_record(step_dir(self.local_dir, step))
+        return record is not None and record.destination == self.dest.uri
+
+    def final_uploaded(self) -> bool:
+        """The newest committed checkpoint is the run's last and this destination holds it
+        (checked in the store: a store that does not answer has not got it)."""
+        latest = committed_steps(self.local_dir)
+        if not latest:
+            return False
+        path = step_dir(self.local_dir, latest[-1])
+        return is_final(read_meta(path)) and is_uploaded(path, self.dest.uri)
 
     def run_once(self, *, draining: bool = False) -> list[int]:
         """Upload what is pending, then prune; returns the steps uploaded. A store that fails
@@ -221,10 +255,6 @@ class CheckpointUploader:
             self.metrics.failures.labels(reason=type(exc).__name__).inc()
             log.error("pass_failed", error=f"{type(exc).__name__}: {exc}", retry_in_seconds=self.config.poll_seconds)
         self.free_disk()
-        latest = committed_steps(self.local_dir)
-        if latest and (step_dir(self.local_dir, latest[-1]) / UPLOADED_MARKER).exists() \
-                and is_final(read_meta(step_dir(self.local_dir, latest[-1]))):
-            self.final_uploaded = True
         return uploaded
 
     def upload_step(self, step: int) -> bool:
@@ -237,6 +267,7 @@ class CheckpointUploader:
                 self.dest.put_bytes(remote_step_prefix(step) + MANIFEST,
                                     build_manifest(step, entries, read_meta(path)))
             self._manifests.pop(step, None)  # replaced: fetch the new one next time
+            self._mark_uploaded(step)
         except Cancelled:
             log.warning("upload_cancelled", step=step, reason="shutdown grace period over; nothing published")
             return False
@@ -250,7 +281,6 @@ class CheckpointUploader:
             log.error("upload_failed", step=step, error=f"{type(exc).__name__}: {exc}",
                       failures=self._failures[step], retry_in_seconds=round(retry_in, 3))
             return False
-        atomic_write_bytes(path / UPLOADED_MARKER, b"")
         (path / JOURNAL).unlink(missing_ok=True)
         seconds = time.monotonic() - started
         lag = time.time() - committed_at
@@ -348,8 +378,7 @@ class CheckpointUploader:
             parts = rel.split("/")
             if len(parts) >= 3 and (step := parse_step(parts[1])) is not None:
                 by_step.setdefault(step, []).append(rel)
-        pending = {s for s in committed_steps(self.local_dir) if not (step_dir(self.local_dir, s) / UPLOADED_MARKER)
-                   .exists()}
+        pending = {s for s in committed_steps(self.local_dir) if not self._marked_here(s)}
         doomed = {}
         for step, rels in sorted(by_step.items()):
             if step in keep or step >= newest or step in self._remote_bad or (
@@ -362,8 +391,9 @@ class CheckpointUploader:
         return doomed
 
     def free_disk(self) -> None:
-        """Above the usage threshold, delete uploaded local checkpoints, oldest first, never
-        the newest committed one."""
+        """Above the usage threshold, delete local checkpoints this destination holds (or held
+        and has pruned since: checkpoint_layout.safe_to_delete), oldest first, never the newest
+        committed one."""
         threshold = self.config.free_disk_above
         if threshold is None:
             return
@@ -372,7 +402,7 @@ class CheckpointUploader:
             if usage.used / usage.total <= threshold:
                 return
             path = step_dir(self.local_dir, step)
-            if (path / UPLOADED_MARKER).exists():
+            if safe_to_delete(self.local_dir, step, self.dest.uri):
                 (path / COMMIT_MARKER).unlink(missing_ok=True)  # never half a checkpoint that looks whole
                 shutil.rmtree(path, ignore_errors=True)
                 log.info("freed_local", step=step, used_ratio=round(usage.used / usage.total, 3))
@@ -382,8 +412,8 @@ class CheckpointUploader:
     def run(self, *, exit_when_done: bool = False) -> None:
         while not self.stopping.is_set():
             self.run_once()
-            if exit_when_done and self.final_uploaded:
-                log.info("done", reason="the final checkpoint is uploaded")
+            if exit_when_done and self.final_uploaded():
+                log.info("done", reason="the final checkpoint is uploaded", dest=self.dest.uri)
                 return
             self.stopping.wait(self.config.poll_seconds)
         # SIGTERM: a native sidecar gets it once the trainer has exited, so the final
