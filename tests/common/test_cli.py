@@ -75,7 +75,7 @@ def test_a_bad_config_is_one_line_a_failed_log_line_and_exit_2(capsys, logs):
     cli, seen = recording_cli()
     assert cli.main(["run", "--set", "size=big"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("lmforge-x run: error: invalid configuration (defaults):\n  size: ")
+    assert err.startswith("lmforge-x run: error: invalid configuration (argument size=big):\n  size: ")
     (failed,) = [line for line in logs() if line["event"] == "failed"]
     assert (failed["service"], failed["command"], failed["exit_code"], failed["kind"]) == ("x", "run", 2, "ConfigError")
     assert seen == []

@@ -196,7 +196,8 @@ def test_cli_run_with_a_missing_model_exits_2_naming_the_step(tmp_path, capsys):
                    "--set", "pipeline=[url_dedup,perplexity]", "--set", f"steps.perplexity.model_path={missing}")
     err = capsys.readouterr().err
     assert code == 2
-    assert err == ("lmforge-dataprep run: error: invalid configuration (defaults):\n"
+    assert err == ("lmforge-dataprep run: error: invalid configuration "
+                   f"(argument steps.perplexity.model_path={missing}):\n"
                    f"  steps.perplexity.model_path: not found: {missing}\n")
     assert not (tmp_path / "out").exists()  # refused when the config loads: nothing written
 

@@ -40,8 +40,16 @@ def test_bad_config_names_the_field(tmp_path, capsys):
         load_train_config(None, ["data.sources=[{path: x}]", "model.overrides={n_embd: 30, n_head: 4}"])
     with pytest.raises(ConfigError, match="parallel.mode"):
         load_train_config(None, ["data.sources=[{path: x}]", "parallel.mode=zero3"])
-    assert main(["data.sources=[{path: " + str(tmp_path) + "}]", f"run_dir={tmp_path / 'run'}"]) == 2
-    assert "no manifest.json" in capsys.readouterr().err
+    assert main(["data.sources=[{path: x}]", "model.tie_embeddings=false"]) == 2
+    assert capsys.readouterr().err.endswith("lmforge trainer: error: invalid configuration (argument "
+                                            "model.tie_embeddings=false):\n  model.tie_embeddings: Extra inputs are "
+                                            "not permitted (got False)\n")
+
+
+def test_missing_data_is_unusable_input_exit_3(tmp_path, capsys):
+    assert main(["data.sources=[{path: " + str(tmp_path) + "}]", f"run_dir={tmp_path / 'run'}"]) == 3
+    assert capsys.readouterr().err.endswith(f"lmforge trainer: error: data source {tmp_path}: no manifest.json "
+                                            "(not a data-prep output)\n")
     assert not (tmp_path / "run").exists()  # nothing written for a run that cannot start
 
 

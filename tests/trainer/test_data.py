@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lmforge.common.errors import ConfigError, ShardFormatError
+from lmforge.common.errors import ConfigError, InputError, ShardFormatError
 from lmforge.common.shards import write_shard
 from lmforge.trainer.data import KeyedPermutation, MixtureSampler, ShardSource
 
@@ -124,9 +124,14 @@ def test_manifest_and_header_must_agree(tmp_path):
         ShardSource(out, "train", SEQ)
 
 
-def test_bad_sources_and_mixtures_are_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="no manifest.json"):
+def test_a_missing_source_is_unusable_input(tmp_path):
+    with pytest.raises(InputError, match="no manifest.json"):
         ShardSource(tmp_path, "train", SEQ)
+    with pytest.raises(InputError, match=f"{tmp_path / 'nope'}: no such directory"):
+        ShardSource(tmp_path / "nope", "train", SEQ)
+
+
+def test_bad_sources_and_mixtures_are_config_errors(tmp_path):
     out = make_output(tmp_path / "a", [401])
     with pytest.raises(ConfigError, match="no 'val' shards"):
         ShardSource(out, "val", SEQ)

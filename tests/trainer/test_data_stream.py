@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from lmforge.common.errors import ConfigError, ShardFormatError
+from lmforge.common.errors import ConfigError, InputError, ShardFormatError
 from lmforge.common.s3 import S3Bucket
 from lmforge.trainer.block_cache import BlockCache
 from lmforge.trainer.data import MixtureSampler, ShardSource
@@ -211,12 +211,12 @@ def test_an_older_manifest_streams_each_shard_as_one_block(s3, prepared, tmp_pat
         StreamingSource(f"s3://{BUCKET}/old", "train", SEQ, BlockCache(tmp_path / "small", max_bytes=BLOCK))
 
 
-def test_sources_that_cannot_stream_are_config_errors(s3, prepared, tmp_path):
+def test_sources_that_cannot_stream_are_config_or_input_errors(s3, prepared, tmp_path):
     root, _ = prepared
     cache = BlockCache(tmp_path / "cache", max_bytes=1 << 20)
-    with pytest.raises(ConfigError, match=f"no s3://{BUCKET}/elsewhere/manifest.json"):
+    with pytest.raises(InputError, match=f"no s3://{BUCKET}/elsewhere/manifest.json"):
         StreamingSource(f"s3://{BUCKET}/elsewhere", "train", SEQ, cache)
-    with pytest.raises(ConfigError, match="no s3://lmf-no-such-bucket/prep/manifest.json"):
+    with pytest.raises(InputError, match="no s3://lmf-no-such-bucket/prep/manifest.json"):
         StreamingSource("s3://lmf-no-such-bucket/prep", "train", SEQ, cache)
     with pytest.raises(ConfigError, match="neither a local path nor an s3:// URI"):
         open_sources(["https://example.com/data"], ["data"], "train", SEQ, cache=cache, verify_sha256=True)

@@ -1,7 +1,8 @@
 """Float8 training (torchao): which layers convert, the refusals, and real float8 training on CPU
 (torch 2.13 has CPU kernels for torch._scaled_mm, so torchao's float8 matmuls run here), in one
-process, under one-rank FSDP and under 2-rank FSDP with float8 all-gather, against the same run in
-fp32. Also the one-rank FSDP run itself (make bench-gpu's layout) against one process."""
+process and under one-rank FSDP against the same run in fp32, and under 2-rank FSDP with float8
+all-gather against the same float8 run on one rank. Also the one-rank FSDP run itself (make
+bench-gpu's layout) against one process."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ STEPS = 8
 # at most 0.065 over 8 steps.
 FIRST_STEP_TOLERANCE = 0.01
 TOLERANCE = 0.15
+# The same float8 run on another layout (measured: bit-identical losses). A broken amax all-reduce,
+# each shard cast with its own scale, is 0.002 at step 1 and 0.015 by step 7: well inside TOLERANCE.
+SAME_LAYOUT_TOLERANCE = 1e-5
 
 
 def llama_debug(**overrides) -> GPT:
@@ -136,7 +140,14 @@ def test_one_rank_fsdp_equals_one_process(fp32):
 
 
 @pytest.mark.slow
-def test_fsdp_with_float8_all_gather_follows_fp32(fp32):
-    """2 ranks x 4 sequences = the reference's 8; weights all-gathered in float8, scales precomputed."""
-    got = losses(fp32.tmp, "fsdp", fp32.data, "float8.enabled=true", "parallel.mode=fsdp", nproc=2, batch_size=4)
-    assert_float8_trains_like_fp32(got, fp32.fp32)
+def test_two_fsdp_ranks_with_float8_all_gather_match_one_rank(fp32):
+    """2 ranks x 4 sequences against one rank's 2 micro-batches of 4: the same sequences in each
+    forward, so the same inputs' scales, and the same weight scales, if the all-reduce of the
+    shards' amax and the float8 all-gather are right: the same losses."""
+    # No clipping: the gradient norm sums the shards' squares in another order than one rank does, and a
+    # last-bit difference in the weights flips a float8 rounding (measured: 0.004 of loss by step 7).
+    float8 = ("float8.enabled=true", "parallel.mode=fsdp", "optim.grad_clip=1e9")
+    one = losses(fp32.tmp, "fsdp-float8-1", fp32.data, *float8, "grad_accum=2", batch_size=4)
+    two = losses(fp32.tmp, "fsdp-float8-2", fp32.data, *float8, nproc=2, batch_size=4)
+    assert_float8_trains_like_fp32(two, fp32.fp32)
+    assert max(abs(a - b) for a, b in zip(two, one, strict=True)) <= SAME_LAYOUT_TOLERANCE, list(zip(two, one))

@@ -5,16 +5,14 @@ slice of the same task list instead (runner.worker_slice), and run it with one o
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
-import signal
-import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lmforge.common.parent_death import die_with_parent
 from lmforge.common.storage import Store, open_store
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.tasks import Task
@@ -111,12 +109,11 @@ def local_executor(store: Store, config: DataprepConfig, processes: int) -> Exec
 # initializer so a task pickles only its own fields and the store is not reopened per task. Only
 # spawned pool processes set it; the process that runs the phases never does.
 _pool_process: tuple[Store, DataprepConfig] | None = None
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _init_pool_process(output: str, config_json: str, parent_pid: int) -> None:
     global _pool_process
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)  # an orphan would write into an output directory a rerun is writing to
     # The pool's processes are the parallelism: a tokenizer's encode_batch spreading over every
     # core in each of them only oversubscribes the machine (measured: tokenize at 2 processes
     # 1.68x faster than at 1 with it, 1.9x without).
@@ -131,14 +128,3 @@ def _run_in_pool_process(task: Task) -> tuple[Any, float]:
     result = run_task(task, store, config)
     return result, process_cpu_seconds() - started
 
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Make this pool process die when the process that started it does, even by SIGKILL: an
-    orphaned worker would go on writing into an output directory that a rerun may already be
-    writing to. Linux: the parent-death signal; elsewhere the pool's own EOF check remains."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
-        os._exit(1)

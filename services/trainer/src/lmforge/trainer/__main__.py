@@ -4,6 +4,7 @@ import sys
 
 from lmforge.common.cli import ServiceCli
 from lmforge.trainer.config import load_train_config
+from lmforge.trainer.launch import die_with_launcher
 from lmforge.trainer.train import train
 
 
@@ -15,7 +16,11 @@ def _train(args, config) -> int:
 CLI = ServiceCli("python -m lmforge.trainer", name="lmforge trainer", service="trainer", load_config=load_train_config,
                  set_help=None)
 CLI.command(None, _train, config="load")
-main = CLI.main
+
+
+def main(argv=None) -> int:
+    die_with_launcher()
+    return CLI.main(argv)
 
 
 if __name__ == "__main__":

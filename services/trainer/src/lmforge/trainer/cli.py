@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,12 +18,11 @@ TORCHRUN_MODULES = {"run": "lmforge.trainer", "preflight": "lmforge.trainer.pref
 
 
 def cmd_torchrun(args: argparse.Namespace, _config: None) -> int:
-    """Replace this process with torchrun running the command's module; the config options go
-    through as they were given (each rank loads the config)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-               "-m", TORCHRUN_MODULES[args.command], *(["--config", args.config] if args.config else []),
-               *args.overrides]
-    os.execv(sys.executable, command)  # noqa: S606 - replaces this process with torchrun
+    """torchrun, in this process, running the command's module; the config options go through as
+    they were given (each rank loads the config). Exits with the first failed rank's code."""
+    from lmforge.trainer.launch import torchrun
+
+    return torchrun(TORCHRUN_MODULES[args.command], args.nproc, args.config, args.overrides)
 
 
 def cmd_export(args: argparse.Namespace, _config: None) -> int:

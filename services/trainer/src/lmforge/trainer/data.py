@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.common.errors import ConfigError, ShardFormatError
+from lmforge.common.errors import ConfigError, InputError, ShardFormatError
 from lmforge.common.shards import open_shard
 from lmforge.common.storage import sha256_file
 
@@ -87,7 +87,8 @@ class ShardSource:
         try:
             self.manifest = json.loads(manifest_path.read_text())
         except FileNotFoundError as exc:
-            raise ConfigError(f"data source {self.root}: no manifest.json (not a data-prep output)") from exc
+            missing = "no manifest.json (not a data-prep output)" if self.root.is_dir() else "no such directory"
+            raise InputError(f"data source {self.root}: {missing}") from exc
         except json.JSONDecodeError as exc:
             raise ShardFormatError(f"{manifest_path}: not valid JSON ({exc})") from exc
         self.tokenizer_sha256 = self.manifest["tokenizer"]["sha256"]

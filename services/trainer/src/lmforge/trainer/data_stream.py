@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.common.errors import ConfigError, LmforgeError, ShardFormatError, StorageError
+from lmforge.common.errors import ConfigError, InputError, LmforgeError, ShardFormatError, StorageError
 from lmforge.common.logging import get_logger
 from lmforge.common.s3 import NOT_FOUND_CODES, S3Bucket, error_code
 from lmforge.common.shards import HEADER_BYTES, ShardHeader, token_dtype
@@ -102,10 +102,10 @@ class StreamingSource:
             data = self.bucket.get_bytes(key)
         except Exception as exc:
             if error_code(exc) == "NoSuchBucket":
-                raise ConfigError(not_there) from exc
+                raise InputError(not_there) from exc
             raise StorageError(f"cannot read {self.bucket.url(key)}: {exc}") from exc
         if data is None:
-            raise ConfigError(not_there)
+            raise InputError(not_there)
         return data
 
     def _shard(self, entry: dict) -> _StreamedShard:

@@ -40,6 +40,7 @@ from lmforge.common.config import StrictModel, load_config
 from lmforge.common.errors import ConfigError, LmforgeError
 from lmforge.common.logging import get_logger
 from lmforge.trainer.config import ENV_PREFIX, ParallelSection, PreflightSection, TrainConfig
+from lmforge.trainer.launch import die_with_launcher
 from lmforge.trainer.parallel import Dist, init_distributed
 
 FAULT_ENV = "LMFORGE_TRAINER_PREFLIGHT_FAULT"
@@ -249,7 +250,11 @@ CLI = ServiceCli("python -m lmforge.trainer.preflight", name="lmforge-train pref
                  load_config=functools.partial(load_config, PreflightConfig, env_prefix=ENV_PREFIX), set_help=None,
                  config_help="YAML config file (the training one works)")
 CLI.command(None, preflight, config="load")
-main = CLI.main
+
+
+def main(argv=None) -> int:
+    die_with_launcher()
+    return CLI.main(argv)
 
 
 if __name__ == "__main__":
