@@ -30,7 +30,8 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "") -> None:
 
 
 def served_package(url: str) -> str:
-    return httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["root"]
+    """The package /readyz names (the API's /v1/models shows no package path to a client)."""
+    return httpx.get(f"{url}/readyz", timeout=10).json()["package"]
 
 
 def answer(url: str, prompt: str = "Bees make", max_tokens: int = 24) -> str:

@@ -1,10 +1,13 @@
 """The official `openai` Python client against a real lmforge-serve (with API keys): completions
 from a string, a batch, token ids and a batch of them, n choices, streaming with usage, echo and
 logprobs equal to the model's own, chat completions through the package's chat template (whole
-and streamed), and errors surfacing as the client's exception classes."""
+and streamed), and errors surfacing as the client's exception classes. What clients usually
+send works: a multi-turn chat sending back the answer's model_dump(), explicit nulls, OpenAI's
+neutral fields, models.retrieve, logit_bias, any 64-bit seed, up to 20 chat top_logprobs."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 import torch
@@ -83,6 +86,17 @@ def test_streaming_with_usage(client):
     assert list(greedy(api, "Water", max_tokens=3, stream=True))[-1].usage is None  # not asked for
 
 
+def assert_offsets_point_into_the_text(codec, text: str, ids: list[int], logprobs) -> None:
+    """Each token's text_offset is where its text starts in the choice's text (a token holding
+    part of a character: that character's), in order, never past the text's end."""
+    offsets = logprobs.text_offset
+    assert len(offsets) == len(ids) == len(logprobs.tokens)
+    assert offsets == sorted(offsets) and offsets[-1] <= len(text)
+    for token_id, token, offset in zip(ids, logprobs.tokens, offsets, strict=True):
+        if codec.decode([token_id]) == token:  # whole characters, not a generated end-of-text
+            assert text.startswith(token, offset), (token, offset, text)
+
+
 @torch.no_grad()
 def direct_logprobs(model, ids: list[int]) -> list[float]:
     """Each token's logprob after the first from one forward pass of the model itself."""
@@ -114,7 +128,7 @@ def test_echo_and_logprobs_are_the_models_own(client, codec, chat_package):
     assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
     assert logprobs.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
     assert logprobs.tokens == [codec.token_text(t) for t in ids]  # "ß" spans two tokens: shown as raw entries
-    assert logprobs.text_offset == [sum(map(len, logprobs.tokens[:i])) for i in range(len(ids))]
+    assert_offsets_point_into_the_text(codec, choice.text, ids, logprobs)
     for chosen, top in zip(logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True):
         assert len(top) == 1 and max(top.values()) >= chosen - 1e-6
 
@@ -127,6 +141,7 @@ def test_echo_and_logprobs_are_the_models_own(client, codec, chat_package):
     everything = greedy_ids(model, ids, generated.usage.completion_tokens)
     assert choice.logprobs.token_logprobs[1:] == pytest.approx(direct_logprobs(model, everything), abs=1e-4)
     assert all(len(top) == 2 for top in choice.logprobs.top_logprobs[1:])
+    assert_offsets_point_into_the_text(codec, choice.text, everything, choice.logprobs)
 
     streamed = [c.choices[0] for c in greedy(api, [ids, ids[:2]], max_tokens=0, echo=True, stream=True)]
     assert [(c.index, c.text, c.finish_reason) for c in streamed[:2]] == [  # the echoes first, then the ends
@@ -180,14 +195,22 @@ def test_errors_surface_as_the_clients_exceptions(client, chat_package):
         api.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:,"}}]}])
     assert refused.value.param == "messages" and "only text content parts" in refused.value.message
-    with pytest.raises(openai.UnprocessableEntityError):
-        api.completions.create(model="tiny-chat", prompt="x", extra_body={"temperatur": 0.5})  # unknown field
-    with pytest.raises(openai.NotFoundError):
+    for bad in ({"extra_body": {"temperatur": 0.5}}, {"temperature": 5}, {"prompt": ""}, {"max_tokens": 2**64}):
+        with pytest.raises(openai.BadRequestError) as refused:  # as OpenAI and vLLM answer: not a 422
+            api.completions.create(**{"model": "tiny-chat", "prompt": "x", **bad})
+        assert refused.value.status_code == 400 and refused.value.code is None
+        assert refused.value.type == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError) as missing:
         api.completions.create(model="gpt-17", prompt="x")
+    assert missing.value.code == "model_not_found" and missing.value.param == "model"
     with openai.OpenAI(base_url=f"{url}/v1", api_key="sk-wrong", max_retries=0) as stranger, \
             pytest.raises(openai.AuthenticationError) as denied:
         stranger.completions.create(model="tiny-chat", prompt="x")
-    assert "valid API key" in denied.value.message
+    assert "valid API key" in denied.value.message and denied.value.code == "invalid_api_key"
+    surrogate = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}",
+                                                                  "content-type": "application/json"},
+                           content='{"messages": [{"role": "user", "content": "Bees \\ud800"}]}', timeout=30)
+    assert surrogate.status_code == 400 and "lone surrogate" in surrogate.json()["error"]["message"]
     assert api.completions.create(model="tiny-chat", prompt="x", max_tokens=1, user="someone").usage.total_tokens
 
 
@@ -197,3 +220,125 @@ def test_chat_without_a_template_is_a_clear_400(server):
             pytest.raises(openai.BadRequestError) as refused:
         api.chat.completions.create(model="tiny-v1", messages=[{"role": "user", "content": "hi"}])
     assert refused.value.param == "messages" and "no chat template" in refused.value.message
+
+
+def test_a_multi_turn_chat_sends_back_the_answer_as_the_client_dumps_it(client, codec):
+    api, _ = client
+    messages = [{"role": "user", "content": "Bees make"}]
+    first = api.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=6, temperature=0)
+    answer = first.choices[0].message.model_dump()  # the client's usual pattern
+    assert answer["refusal"] is None and answer["tool_calls"] is None and answer["audio"] is None
+    messages += [answer, {"role": "user", "content": "Water"}]
+    second = api.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=6, temperature=0)
+    rendered = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    assert second.usage.prompt_tokens == len(codec.encode(rendered))
+    assert second.choices[0].message.content == greedy(api, rendered, max_tokens=6).choices[0].text
+
+    called = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call-1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]}
+    with pytest.raises(openai.BadRequestError) as refused:  # it would change the prompt: refused by name
+        api.chat.completions.create(model="tiny-chat", messages=[messages[0], called], max_tokens=2)
+    assert refused.value.param == "messages.1.tool_calls" and "messages.1.tool_calls" in refused.value.message
+
+
+def test_null_is_the_default_and_neutral_fields_are_accepted(client):
+    api, _ = client
+    chat = dict(model="tiny-chat", messages=[{"role": "user", "content": "Bees make"}], max_tokens=8, seed=3)
+    expected = api.chat.completions.create(**chat).choices[0].message.content  # sampled (temperature 1), seeded
+    nulls = api.chat.completions.create(**chat, temperature=None, top_p=None, n=None, stream=None, stop=None,
+                                        logprobs=None, top_logprobs=None, max_completion_tokens=None,
+                                        presence_penalty=None, frequency_penalty=None, logit_bias=None, user=None)
+    assert [c.message.content for c in nulls.choices] == [expected] and nulls.choices[0].logprobs is None
+    neutral = api.chat.completions.create(**chat, store=False, metadata={"team": "search"}, service_tier="auto",
+                                          parallel_tool_calls=False, tool_choice="none", tools=[],
+                                          response_format={"type": "text"})
+    assert neutral.choices[0].message.content == expected
+    completion = dict(model="tiny-chat", prompt="Bees make", max_tokens=8, seed=3)
+    assert api.completions.create(**completion, temperature=None, top_p=None, n=None, stream=None, logprobs=None,
+                                  echo=None, stop=None, best_of=None, suffix=None).choices[0].text == \
+        api.completions.create(**completion).choices[0].text
+
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+    for fields, param in (({"tools": [tool]}, "tools"), ({"response_format": schema}, "response_format"),
+                          ({"tool_choice": "required"}, "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as refused:  # they would change the output
+            api.chat.completions.create(**chat, **fields)
+        assert refused.value.param == param and f"'{param}: " in refused.value.message
+
+
+def test_models_retrieve_and_the_served_model_by_empty_name(client, chat_package):
+    api, url = client
+    (listed,) = api.models.list().data
+    assert listed.id == listed.root == "tiny-chat" and listed.owned_by == "lmforge"
+    raw = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).text
+    assert str(chat_package) not in raw and "/tmp" not in raw  # no package path to key holders
+    assert api.models.retrieve("tiny-chat") == listed
+    with pytest.raises(openai.NotFoundError) as missing:
+        api.models.retrieve("gpt-17")
+    assert missing.value.code == "model_not_found" and "gpt-17" in missing.value.message
+    assert api.completions.create(model="", prompt="Water", max_tokens=2).model == "tiny-chat"  # "": the one served
+
+
+def test_logit_bias_moves_the_output(client, codec):
+    api, _ = client
+    token = codec.encode(" capital")
+    assert len(token) == 1
+    forced = greedy(api, "The capital of", max_tokens=4, logit_bias={str(token[0]): 100})
+    assert forced.choices[0].text == " capital" * 4
+    chat = api.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Bees make"}],
+                                       max_tokens=3, temperature=0.8, seed=1, logit_bias={str(token[0]): 100})
+    assert chat.choices[0].message.content == " capital" * 3
+    plain = greedy(api, "The capital of", max_tokens=1, logprobs=0).choices[0].logprobs.tokens
+    first = codec.encode(plain[0])
+    banned = greedy(api, "The capital of", max_tokens=1, logprobs=0, logit_bias={str(first[0]): -100})
+    assert banned.choices[0].logprobs.tokens != plain
+
+
+def test_any_64_bit_seed_reproduces(client):
+    api, _ = client
+    body = dict(model="tiny-chat", prompt="Our", max_tokens=12, temperature=1.5)
+    texts = [api.completions.create(**body, seed=seed).choices[0].text for seed in (-1, -12345, -1, 0)]
+    assert texts[0] == texts[2] and len({texts[0], texts[1], texts[3]}) == 3
+    pair = api.completions.create(**body, seed=-1, n=2).choices  # choice i: seed + i, modulo 2**64
+    assert [c.text for c in pair] == [texts[0], texts[3]]
+
+
+def test_logprobs_zero_and_up_to_twenty_chat_top_logprobs(client):
+    api, _ = client
+    zero = greedy(api, "The capital of", max_tokens=4, logprobs=0).choices[0].logprobs
+    assert zero.top_logprobs == [{t: lp} for t, lp in zip(zero.tokens, zero.token_logprobs, strict=True)]
+    echoed = greedy(api, "The capital of", max_tokens=0, echo=True, logprobs=0).choices[0].logprobs
+    assert echoed.top_logprobs == [None] + [{t: lp} for t, lp in zip(echoed.tokens[1:], echoed.token_logprobs[1:],
+                                                                       strict=True)]
+    messages = [{"role": "user", "content": "Bees make"}]
+    chat = api.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=3, temperature=0,
+                                       logprobs=True, top_logprobs=20)
+    assert [len(entry.top_logprobs) for entry in chat.choices[0].logprobs.content] == [20] * 3
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.chat.completions.create(model="tiny-chat", messages=messages, logprobs=True, top_logprobs=21)
+    assert refused.value.param == "top_logprobs"
+
+
+def test_echo_of_token_ids_with_special_tokens_is_their_text(client, codec):
+    """The echoed text is what the tokens and their offsets describe, special tokens included,
+    and the generated tokens' offsets go on from its end, whole and streamed."""
+    api, _ = client
+    eot = codec.eos_id
+    ids = [eot, *codec.encode("The capital of"), eot, *codec.encode(" Water")]
+    prompt_text = "<|endoftext|>The capital of<|endoftext|> Water"
+    whole = greedy(api, ids, max_tokens=8, echo=True, logprobs=1)
+    choice = whole.choices[0]
+    tokens, offsets = choice.logprobs.tokens, choice.logprobs.text_offset
+    assert choice.text.startswith(prompt_text) and len(choice.text) > len(prompt_text)
+    assert "".join(tokens[:len(ids)]) == prompt_text
+    assert offsets[:len(ids)] == [len("".join(tokens[:i])) for i in range(len(ids))]
+    assert offsets[len(ids)] == len(prompt_text)  # the completion's first token: no restart at 0
+    assert offsets == sorted(offsets) and offsets[-1] <= len(choice.text)
+    assert all(choice.text.startswith(token, offset) for token, offset in zip(tokens, offsets, strict=True)
+               if token != "<|endoftext|>" or offset < len(prompt_text))  # a generated end-of-text is not text
+
+    chunks = [c.choices[0] for c in greedy(api, ids, max_tokens=8, echo=True, logprobs=1, stream=True)]
+    assert "".join(c.text for c in chunks) == choice.text
+    assert [t for c in chunks for t in c.logprobs.tokens] == tokens
+    assert [o for c in chunks for o in c.logprobs.text_offset] == offsets

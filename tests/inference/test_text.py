@@ -8,7 +8,7 @@ import random
 import pytest
 from tokenizers import AddedToken, Tokenizer, normalizers, pre_tokenizers
 
-from lmforge.inference.text import Codec, TextStream
+from lmforge.inference.text import Codec, TextOffsets, TextStream
 from tests.serving import SENTENCES, train_tokenizer
 
 
@@ -36,6 +36,44 @@ def test_a_stop_string_spanning_tokens_is_cut_and_never_shown(codec):
         if stream.stopped:
             break
     assert stream.stopped and shown == "The capital of France is Paris" and stream.flush() == ""
+
+
+def _byte_decoder() -> dict[str, int]:
+    """The byte-level alphabet back to bytes (GPT-2's bytes_to_unicode, inverted)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in kept:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def test_text_offsets_are_where_each_tokens_bytes_start_in_the_text(codec):
+    """Each token's offset is the character its first byte belongs to (a token that starts inside
+    a multi-byte character: that character's), however the tokens are fed; special tokens are text
+    when kept (an echoed prompt) and nothing when skipped."""
+    byte_of = _byte_decoder()
+    eot = codec.tokenizer.token_to_id(EOT)
+    rng = random.Random(1)
+    texts = [SENTENCES[8], "日本語とemoji 🚀 mixed ✓", *(t for t in random_texts(100, seed=3) if "\ufffd" not in t)]
+    for text in texts:
+        ids = codec.encode(text)
+        pieces = [EOT.encode() if t == eot else bytes(byte_of[c] for c in codec.tokenizer.id_to_token(t)) for t in ids]
+        starts = [len(b"".join(pieces[:i])) for i in range(len(ids))]
+        whole = b"".join(pieces)
+        assert whole.decode() == codec.decode(ids, skip_special_tokens=False) == text
+        expected = [len(whole[:start].decode("utf-8", errors="ignore")) for start in starts]
+        assert TextOffsets(codec, skip_special_tokens=False).feed(ids) == expected, text
+        offsets, fed = TextOffsets(codec, start=7, skip_special_tokens=False), []
+        while len(fed) < len(ids):
+            fed += offsets.feed(ids[len(fed):len(fed) + rng.randrange(1, 4)])
+        assert fed == [7 + e for e in expected]
+    ids = codec.encode("ab") + [eot] + codec.encode("c")
+    assert len(ids) == 4 and TextOffsets(codec).feed(ids) == [0, 1, 2, 2]  # generated text: no <|endoftext|>
+    assert TextOffsets(codec, skip_special_tokens=False).feed(ids) == [0, 1, 2, 2 + len(EOT)]
 
 
 # -- the characters one token can stand for (the prompt's character bound) -------------------------

@@ -7,9 +7,9 @@ InferenceService and API keys they reach through dependencies (app.state), the e
 (api_errors.py) and the middleware (middleware.py).
 
 Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`, and never carry
-a stack trace: 400 bad JSON or a prompt that does not fit, 401 no valid key, 404 unknown
-model, 413 body too large, 422 invalid fields, 429 queue full (with Retry-After), 503 not
-ready; anything unexpected is logged with its trace id and answered 500."""
+a stack trace: 400 bad JSON, invalid fields or a prompt that does not fit, 401 no valid key,
+404 unknown model, 413 body too large, 429 queue full (with Retry-After), 503 not ready;
+anything unexpected is logged with its trace id and answered 500."""
 
 from __future__ import annotations
 

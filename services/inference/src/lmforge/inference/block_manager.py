@@ -1,30 +1,37 @@
 """The paged KV cache's bookkeeping (no tensors): which blocks are free, which a sequence
 holds, and the prefix cache (vLLM's automatic prefix caching).
 
-A full block is identified by the hash of its tokens chained with its predecessor's hash, so
-equal hashes mean equal prefixes up to and including that block. Once a full block's keys
-and values are computed it is registered under its hash; a later sequence whose prompt starts
-with the same blocks takes them instead of prefilling them again (a block may be shared by
-many sequences: reference counts). A block nobody holds stays cached and counts as free: it
-is reused in least-recently-freed order only when no never-cached block is left.
+A full block is identified by a key chained from its predecessor's: the SHA-256 of the
+predecessor's key (for the first block, a digest of the salt: the model's identity) and the
+block's token ids, so equal keys mean equal prefixes up to and including that block, of the same
+model. Once a full block's keys and values are computed it is registered under its key; a later
+sequence whose prompt starts with the same blocks takes them instead of prefilling them again (a
+block may be shared by many sequences: reference counts). A block nobody holds stays cached and
+counts as free: it is reused in least-recently-freed order only when no never-cached block is left.
 
-Hashes are Python's 64-bit hash of (previous hash, token tuple); for ints it is stable within a
-process, which is all the cache lives for.
+The key is a cryptographic digest, not Python's hash(): hash() of a tuple of ints is easy to
+collide (hash(0) == hash(2**61 - 1), and 64 bits can be searched), and a tenant whose prompt
+collided with another's would be served the other's keys and values (vLLM's CVE-2025-25183).
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
+
+TOKEN_BYTES = array("q").itemsize  # token ids packed as 64-bit integers: a fixed width, unambiguous
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True, salt: bytes = b""):
         self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching
+        self.root = hashlib.sha256(b"lmforge-prefix-cache-v1\0" + salt).digest()  # the first block's parent
         self._refs = [0] * num_blocks
-        self._hash_of: list[int | None] = [None] * num_blocks
+        self._hash_of: list[bytes | None] = [None] * num_blocks
         self._fresh: deque[int] = deque(range(num_blocks))  # free, holding nothing cached
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, least recently freed first
-        self._cached: dict[int, int] = {}  # block hash → block
+        self._cached: dict[bytes, int] = {}  # block key → block
 
     @property
     def num_free(self) -> int:
@@ -37,15 +44,17 @@ class BlockManager:
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def chain_hashes(self, hashes: list[int], tokens: list[int]) -> None:
-        """Extend `hashes` (a sequence's full-block hashes so far) over the full blocks of `tokens`,
+    def chain_hashes(self, hashes: list[bytes], tokens: list[int]) -> None:
+        """Extend `hashes` (a sequence's full-block keys so far) over the full blocks of `tokens`,
         the sequence's tokens from the first block not yet hashed."""
-        size = self.block_size
-        for start in range(0, len(tokens) - size + 1, size):
-            previous = hashes[-1] if hashes else None
-            hashes.append(hash((previous, tuple(tokens[start:start + size]))))
+        packed = array("q", tokens[:len(tokens) - len(tokens) % self.block_size]).tobytes()
+        step = self.block_size * TOKEN_BYTES
+        previous = hashes[-1] if hashes else self.root
+        for start in range(0, len(packed), step):
+            previous = hashlib.sha256(previous + packed[start:start + step]).digest()
+            hashes.append(previous)
 
-    def cached_prefix(self, hashes: list[int], max_blocks: int) -> list[int]:
+    def cached_prefix(self, hashes: list[bytes], max_blocks: int) -> list[int]:
         """The cached blocks holding the longest prefix of these full-block hashes (at most max_blocks)."""
         if not self.prefix_caching:
             return []
@@ -95,7 +104,7 @@ class BlockManager:
                 else:
                     self._evictable[block] = None
 
-    def register(self, block: int, block_hash: int) -> None:
+    def register(self, block: int, block_hash: bytes) -> None:
         """A full block's keys and values are computed: cache it under its prefix hash (unless the
         same prefix is already cached in another block, computed at the same time)."""
         if self.prefix_caching and self._hash_of[block] is None and block_hash not in self._cached:

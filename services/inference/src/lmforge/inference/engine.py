@@ -2,7 +2,13 @@
 picks the sequences and token counts (continuous batching, chunked prefill, paged KV blocks,
 prefix caching), the model runner computes them in one forward and samples the batch, and the
 engine appends the tokens and retires finished sequences. The API layer drives `step()` from
-one background thread (lmforge.inference.runner)."""
+one background thread (lmforge.inference.runner).
+
+A fault in one step fails the step's requests, not the engine: a sampling that raises fails its
+own sequences (the model runner finds them), a forward that raises fails the step's sequences;
+each is logged with its request id, finished with reason "error" and its blocks released. A
+fault the engine cannot serve on (model_runner.is_fatal), or one outside a request's step (the
+scheduler's bookkeeping), is raised to the runner."""
 
 from __future__ import annotations
 
@@ -12,15 +18,18 @@ from collections import deque
 
 import torch
 
+from lmforge.common.logging import get_logger
 from lmforge.common.model import GPT, PagedKVCache
 from lmforge.inference.block_manager import BlockManager
-from lmforge.inference.model_runner import ModelRunner
+from lmforge.inference.model_runner import ModelRunner, is_fatal
 from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.scheduler import Scheduler
 from lmforge.inference.sequence import Sequence
 from lmforge.inference.stats import EngineStats
 
 __all__ = ["Engine", "QueueFull", "Sequence", "kv_cache_blocks"]
+
+log = get_logger("inference")
 
 DEFAULT_CPU_CONTEXTS = 8  # on CPU, without kv_cache_bytes: room for this many full contexts
 
@@ -56,15 +65,17 @@ class Engine:
     def __init__(self, model: GPT, *, max_running: int = 64, max_waiting: int = 64, eos_id: int | None = None,
                  step_delay_seconds: float = 0.0, kv_cache_bytes: int | None = None,
                  kv_cache_memory_fraction: float = 0.5, block_size: int = 16, max_batched_tokens: int = 512,
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, model_identity: str = ""):
+        """`model_identity` names the weights (e.g. the package and its checksums): with the cache's
+        dtype it salts the prefix cache's keys, which hold only for those keys and values."""
         self.model = model.eval()
         self.step_delay_seconds = step_delay_seconds  # an artificial slowdown, for alert drills
         self.config = model.config
         self.device = next(model.parameters()).device
+        dtype = next(model.parameters()).dtype
         num_blocks = kv_cache_blocks(model, block_size, kv_cache_bytes, kv_cache_memory_fraction)
-        self.cache = PagedKVCache(self.config, num_blocks, block_size, device=self.device,
-                                  dtype=next(model.parameters()).dtype)
-        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        self.cache = PagedKVCache(self.config, num_blocks, block_size, device=self.device, dtype=dtype)
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching, salt=f"{model_identity}\0{dtype}".encode())
         self.scheduler = Scheduler(self.blocks, max_running=max_running, max_batched_tokens=max_batched_tokens)
         self.runner = ModelRunner(self.model, self.cache)
         self.max_waiting = max_waiting
@@ -81,20 +92,20 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------------
 
-    def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
+    def add(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
         """Validate and queue a request (QueueFull when the waiting queue is at capacity)."""
         if len(self.waiting) >= self.max_waiting:
             raise QueueFull(f"{len(self.waiting)} requests are waiting")
-        seq = self.new_sequence(prompt, params)
+        seq = self.new_sequence(prompt, params, request_id)
         self.enqueue(seq)
         return seq
 
-    def new_sequence(self, prompt: list[int], params: SamplingParams) -> Sequence:
+    def new_sequence(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(prompt) >= self.config.context_length:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {self.config.context_length}")
-        return Sequence(next(self._ids), list(prompt), params, params.generator())
+        return Sequence(next(self._ids), list(prompt), params, params.generator(), request_id=request_id)
 
     def enqueue(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -133,18 +144,25 @@ class Engine:
 
     # -- one step ------------------------------------------------------------------------------
 
-    def step(self) -> list[tuple[Sequence, int]]:
-        """Schedule, compute, sample, retire; returns the (sequence, token) pairs produced."""
+    def step(self) -> list[tuple[Sequence, int | None]]:
+        """Schedule, compute, sample, retire; returns the (sequence, token) pairs produced, and
+        (sequence, None) for each sequence the step failed."""
         if self.step_delay_seconds:
             time.sleep(self.step_delay_seconds)
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
-        sampling, sampled = self.runner.execute(scheduled)
+        try:
+            executed = self.runner.execute(scheduled)
+        except Exception as exc:
+            if is_fatal(exc):
+                raise
+            return self._fail([(seq, exc) for seq, _ in scheduled])
         for seq, count in scheduled:
             self.scheduler.computed(seq, count)
-        produced = []
-        for row, index in enumerate(sampling):
+        produced = self._fail([(scheduled[index][0], exc) for index, exc in executed.failed])
+        sampled = executed.sampled
+        for row, index in enumerate(executed.sampled_indices):
             seq = scheduled[index][0]
             if seq.params.logprobs is not None:
                 seq.logprobs.append(sampled.logprobs[row])
@@ -162,6 +180,16 @@ class Engine:
         elif len(seq.output) >= seq.params.max_tokens or seq.num_tokens >= self.config.context_length:
             self._finish(seq, "length")
         return token
+
+    def _fail(self, failures: list[tuple[Sequence, Exception]]) -> list[tuple[Sequence, int | None]]:
+        """Finish each sequence with reason "error" (its blocks released), logged with its request
+        id and the traceback; they are the step's (sequence, None) pairs."""
+        for seq, exc in failures:
+            log.error("sequence_failed", request_id=seq.request_id, sequence=seq.id, error=str(exc),
+                      kind=type(exc).__name__, exc_info=exc)
+            seq.error = exc
+            self._finish(seq, "error")
+        return [(seq, None) for seq, _ in failures]
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason

@@ -2,9 +2,11 @@
 the asyncio side (the API), which awaits them per request.
 
 The event loop never waits for the model: submissions, cancellations and scoring jobs go
-into an inbox that the engine thread drains between steps. Once stopped (a retired model after a
-swap, shutdown) or broken, the runner takes no more work, and every request it still holds ends
-(its consumer sees the stream end without a finish reason)."""
+into an inbox that the engine thread drains between steps. A step that fails some requests ends
+their streams (their sequences carry the error); the engine serves on. Once stopped (a retired
+model after a swap, shutdown) or broken (the engine raised out of a step: a fault it cannot serve
+on, logged once with its traceback, and /healthz fails), the runner takes no more work, and every
+request it still holds ends (its consumer sees the stream end without a finish reason)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmforge.common.logging import get_logger
 from lmforge.inference.engine import Engine, QueueFull, Sequence
 from lmforge.inference.sampling import SamplingParams
+
+log = get_logger("inference")
 
 
 @dataclass(eq=False)
@@ -29,7 +34,8 @@ class Handle:
     cancelled: bool = False
 
     async def tokens(self) -> AsyncIterator[int]:
-        """Each generated token as it is produced; ends when the sequence finishes."""
+        """Each generated token as it is produced; ends when the sequence finishes (also failed:
+        `seq.error`) or the runner stops."""
         while True:
             token, finished = await self.queue.get()
             if token is not None:
@@ -57,7 +63,7 @@ class EngineRunner:
         self._closed = False  # no more work accepted: set under _pending_lock
         self._handles: dict[Sequence, Handle] = {}
         self._thread = threading.Thread(target=self._run, name="lmforge-engine", daemon=True)
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # what broke the engine thread
 
     def start(self) -> None:
         self._thread.start()
@@ -66,9 +72,9 @@ class EngineRunner:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    def submit(self, prompt: list[int], params: SamplingParams) -> Handle:
+    def submit(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> Handle:
         """Queue a request; raises QueueFull (or RunnerStopped) at once. Call from the event loop."""
-        seq = self.engine.new_sequence(prompt, params)
+        seq = self.engine.new_sequence(prompt, params, request_id)
         handle = Handle(seq, asyncio.get_running_loop())
 
         def admit():
@@ -152,7 +158,8 @@ class EngineRunner:
                     by_loop.setdefault(handle.loop, []).append((handle, item))
                 for loop, batch in by_loop.items():
                     loop.call_soon_threadsafe(_deliver, batch)
-        except BaseException as exc:  # surfaced by /readyz
+        except BaseException as exc:  # surfaced by /readyz and /healthz
+            log.error("engine_failed", error=str(exc), kind=type(exc).__name__, exc_info=True)
             self.error = exc
         finally:
             self._close()

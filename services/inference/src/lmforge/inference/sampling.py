@@ -1,5 +1,9 @@
-"""Next-token sampling for a whole step's batch on the model's device: greedy (temperature 0),
-temperature, top-k and nucleus (top-p), reproducible per request.
+"""Next-token sampling for a whole step's batch on the model's device: logit bias, then greedy
+(temperature 0), temperature, top-k and nucleus (top-p), reproducible per request.
+
+Logit bias (OpenAI's `logit_bias`): values added to chosen tokens' logits before anything else,
+as OpenAI and vLLM apply it (+100 all but forces a token, -100 all but bans it). The logprobs
+reported are the model's own, before bias and temperature, as vLLM's default (raw) reports them.
 
 Reproducibility: each request has its own seeded torch.Generator (on the CPU) and draws exactly
 one uniform number from it per generated token; the token is where that number falls in the
@@ -16,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+MAX_BIAS = 100  # a logit bias's largest magnitude (OpenAI's)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,6 +32,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit)
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -38,6 +45,10 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0 (0: off)")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError("logprobs must be >= 0")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise ValueError("seed must be in [0, 2**64)")
+        if any(token < 0 or not -MAX_BIAS <= bias <= MAX_BIAS for token, bias in self.logit_bias):
+            raise ValueError(f"logit_bias: token ids >= 0, values in [-{MAX_BIAS}, {MAX_BIAS}]")
 
     def generator(self) -> torch.Generator | None:
         if self.temperature == 0:
@@ -61,13 +72,14 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None]) -> Sampled:
     """One token per row of logits (rows, vocab), row i sampled by params[i] with generators[i]."""
     logits = logits.float()
+    biased = _biased(logits, params)
     sampled_rows = [row for row, p in enumerate(params) if p.temperature > 0]
     if len(sampled_rows) == len(params):
-        tokens = _draw(logits, params, generators)
+        tokens = _draw(biased, params, generators)
     else:
-        tokens = logits.argmax(dim=-1)
+        tokens = biased.argmax(dim=-1)
         if sampled_rows:
-            tokens[sampled_rows] = _draw(logits[sampled_rows], [params[row] for row in sampled_rows],
+            tokens[sampled_rows] = _draw(biased[sampled_rows], [params[row] for row in sampled_rows],
                                          [generators[row] for row in sampled_rows])
     result = Sampled(tokens.tolist())  # the step's one device-to-host copy (with the logprobs below)
     wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
@@ -84,6 +96,18 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
             if k:
                 result.top_logprobs[row] = dict(zip(indices[i, :k].tolist(), values[i, :k].tolist(), strict=True))
     return result
+
+
+def _biased(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The logits with each row's logit_bias added (one scatter-add for the batch); the logits
+    themselves, untouched, when no row has a bias."""
+    entries = [(row, token, bias) for row, p in enumerate(params) for token, bias in p.logit_bias]
+    if not entries:
+        return logits
+    rows, tokens, biases = zip(*entries, strict=True)
+    index = torch.tensor([rows, tokens], dtype=torch.long).to(logits.device, non_blocking=True)
+    values = torch.tensor(biases, dtype=logits.dtype).to(logits.device, non_blocking=True)
+    return logits.index_put((index[0], index[1]), values, accumulate=True)
 
 
 def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:

@@ -17,7 +17,9 @@ class Sequence:
     params: SamplingParams
     generator: torch.Generator | None
     output: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "length", "stop", "cancelled"
+    request_id: str | None = None  # the API's id of the request (its log lines)
+    finish_reason: str | None = None  # "length", "stop", "cancelled", "error"
+    error: Exception | None = None  # why the engine failed it (finish_reason "error")
     logprobs: list[float] = field(default_factory=list)  # of each output token, when asked for
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
     # The paged KV cache: the blocks holding this sequence's tokens, and how many of its tokens
@@ -25,7 +27,7 @@ class Sequence:
     # and is prefilled again (prompt and output so far) when readmitted.
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0
-    block_hashes: list[int] = field(default_factory=list)  # of its full blocks, from the first (prefix caching)
+    block_hashes: list[bytes] = field(default_factory=list)  # its full blocks' keys, from the first (prefix caching)
     arrived: float = field(default_factory=time.monotonic)  # time.monotonic() throughout
     scheduled_at: float | None = None  # first admitted into the running batch: prefill starts
     first_token_at: float | None = None  # prefill done

@@ -9,6 +9,7 @@ when it started (`ServedModel`, held by a lease) to its end, also across a swap.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import time
@@ -40,6 +41,11 @@ TEXT_THREADS = 4
 
 class NotReady(Exception):
     """The model is still loading, failed to load, or the engine stopped."""
+
+
+class RequestFailed(NotReady):
+    """The engine failed this one request (and serves the others on). A NotReady, so that a
+    stream ends on it as on an engine that stopped: with an error event."""
 
 
 @dataclass
@@ -129,7 +135,8 @@ def load_model(package: str, config: ServeConfig, device: str, *, model_name: st
     if device == "cuda":
         model = model.to(torch.bfloat16)
     codec = Codec(path / TOKENIZER)
-    engine = Engine(model, eos_id=codec.eos_id, **config.engine.model_dump())
+    identity = json.dumps({"package": package, "step": meta.get("step"), "files": meta.get("files")}, sort_keys=True)
+    engine = Engine(model, eos_id=codec.eos_id, model_identity=identity, **config.engine.model_dump())
     runner = EngineRunner(engine)
     runner.start()
     log.info("model_loaded", model=package, model_name=model_name, step=meta.get("step"), device=device,
@@ -205,6 +212,14 @@ class InferenceService:
             return f"engine stopped: {model.runner.error}"
         return None
 
+    def liveness(self) -> str | None:
+        """None while the process can serve (or is loading), else why not: the current model's
+        engine thread broke, which only a restart mends."""
+        model = self.model
+        if model is not None and model.runner.error is not None:
+            return f"engine failed: {type(model.runner.error).__name__}: {model.runner.error}"
+        return None
+
     def _counts(self) -> tuple[int, int] | None:
         model = self.model
         return model.runner.counts() if model else None  # no engine yet: no value, not 0
@@ -235,17 +250,19 @@ class InferenceService:
         return await asyncio.get_running_loop().run_in_executor(
             self._text_pool, lambda: [model.codec.token_text(t) for t in ids])
 
-    def submit(self, model: ServedModel, prompt_ids: list[int], params: SamplingParams) -> Handle:
+    def submit(self, model: ServedModel, prompt_ids: list[int], params: SamplingParams,
+               request_id: str | None = None) -> Handle:
         """Raises QueueFull when the waiting queue is at capacity, NotReady when the engine stopped."""
         try:
-            return model.runner.submit(prompt_ids, params)
+            return model.runner.submit(prompt_ids, params, request_id)
         except RunnerStopped as exc:
             raise NotReady(f"engine stopped: {exc}") from exc
 
     async def deltas(self, model: ServedModel, handle: Handle, stop: list[str],
                      span: trace.Span) -> AsyncIterator[Delta]:
         """Text deltas as tokens arrive; the last one carries the finish reason. If the consumer
-        stops early (the client went away), the sequence is cancelled and its slot freed."""
+        stops early (the client went away), the sequence is cancelled and its slot freed. Raises
+        RequestFailed when the engine failed the sequence, NotReady when the engine stopped."""
         seq, stream = handle.seq, TextStream(model.codec, stop)
         pending = Delta("")
         reason, generated = "cancelled", 0
@@ -263,6 +280,9 @@ class InferenceService:
             else:
                 reason = "cancelled" if handle.cancelled else seq.finish_reason or "error"
                 pending.text += stream.flush()
+            if seq.error is not None:
+                raise RequestFailed(f"internal error while generating (request id {seq.request_id}); "
+                                    "the server logged it")
             if reason == "error":
                 raise NotReady(f"engine stopped: {model.runner.error}")
             pending.finish_reason = reason

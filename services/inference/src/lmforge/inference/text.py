@@ -1,6 +1,7 @@
-"""Text ↔ tokens for the API: the package's tokenizer.json (Hugging Face `tokenizers`), and the
+"""Text ↔ tokens for the API: the package's tokenizer.json (Hugging Face `tokenizers`), the
 incremental detokenizer that turns a stream of tokens into text chunks, holding back bytes of
-an unfinished UTF-8 character and text that may be the start of a stop string."""
+an unfinished UTF-8 character and text that may be the start of a stop string, and where each
+token's text starts in the text (logprobs' `text_offset`)."""
 
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ class Codec:
         tokenizing): its characters exceed `tokens` × the most characters one token stands for."""
         return self.max_chars_per_token is None or len(text) <= tokens * self.max_chars_per_token
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text of `ids`; generated text leaves special tokens out, an echoed prompt keeps them."""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         """The token as text; a token holding part of a UTF-8 character is shown as its raw
@@ -148,3 +150,28 @@ class TextStream:
                     longest = n
                     break
         return longest
+
+
+class TextOffsets:
+    """Where each token's text starts in the text the tokens decode to (`text_offset`), fed
+    tokens in order, in as many calls as they arrive. A token that begins inside a character
+    (byte-level tokens split a multi-byte character) gets that character's offset."""
+
+    def __init__(self, codec: Codec, start: int = 0, skip_special_tokens: bool = True):
+        self.codec, self.skip_special_tokens = codec, skip_special_tokens
+        self.length = start  # characters of the text decoded so far (up to the last whole character)
+        self.pending: list[int] = []  # tokens since then, ending inside a character
+        self.partial = 0  # whole characters the pending tokens decode to before the unfinished one
+
+    def feed(self, ids: list[int]) -> list[int]:
+        offsets = []
+        for token in ids:
+            offsets.append(self.length + self.partial)
+            self.pending.append(token)
+            text = self.codec.decode(self.pending, self.skip_special_tokens)
+            if text.endswith("\ufffd"):
+                self.partial = len(text.rstrip("\ufffd"))
+            else:
+                self.length += len(text)
+                self.pending, self.partial = [], 0
+        return offsets

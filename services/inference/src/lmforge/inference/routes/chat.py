@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from lmforge.inference.api_errors import ApiError
+from lmforge.inference.api_errors import ApiError, stream_error_event
 from lmforge.inference.chat_template import ChatTemplateError
 from lmforge.inference.routes import generation as gen
 from lmforge.inference.routes.completions import LeasedStreamingResponse, sse_event
@@ -27,7 +27,7 @@ router = APIRouter(dependencies=[Depends(authorize)])
 async def chat_completions(body: ChatRequest, request: Request, service: ServiceDep):
     gen.refuse_unsupported(body)
     if body.max_tokens == 0:
-        raise ApiError(422, "max_tokens: at least 1", param="max_tokens")
+        raise ApiError(400, "max_tokens: at least 1", param="max_tokens")
     requested = body.max_completion_tokens or body.max_tokens
     if requested is not None:
         gen.check_max_tokens(service, requested)
@@ -35,13 +35,14 @@ async def chat_completions(body: ChatRequest, request: Request, service: Service
     streaming = False
     try:
         served = lease.model
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        gen.check_vocabulary_bounds(served, body, top, "top_logprobs")
         ids = await gen.prompt_ids(service, served, _prompt(served, body), requested or 0, param="messages")
         # Without a max_tokens: as much as the context leaves, up to the server's limit.
         max_tokens = requested or min(service.config.max_tokens_limit, served.context_length - len(ids))
         if max_tokens < 1:
             raise ApiError(400, f"messages: {len(ids)} prompt tokens leave no room in the model's context of "
                                 f"{served.context_length} tokens", param="messages")
-        top = (body.top_logprobs or 0) if body.logprobs else None
         job = gen.start(service, served, [ids], body, max_tokens, top, "chatcmpl")
         if body.stream:
             streaming = True  # the response returns the lease when it ends
@@ -108,7 +109,7 @@ async def _sse(job: gen.Job, body: ChatRequest):
             yield sse_event(_body(job, "chat.completion.chunk", [], job.usage().model_dump()))
         yield "data: [DONE]\n\n"
     except NotReady as exc:
-        yield sse_event({"error": {"message": str(exc), "type": "service_unavailable", "code": 503}})
+        yield sse_event(stream_error_event(exc))
     finally:
         job.log_done()
 

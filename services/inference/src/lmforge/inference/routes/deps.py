@@ -25,16 +25,17 @@ def authorize(request: Request) -> None:
     api_keys: ApiKeys | None = request.app.state.api_keys
     if api_keys is not None and not api_keys.check(request.headers.get("authorization")):
         raise ApiError(401, "a valid API key is required: Authorization: Bearer <key>",
-                       "authentication_error", headers={"WWW-Authenticate": "Bearer"})
+                       "authentication_error", headers={"WWW-Authenticate": "Bearer"}, code="invalid_api_key")
 
 
-def ready_model(service: InferenceService, model: str | None) -> ServedModel:
-    """The current model, if it is ready and `model` (when given) is its name."""
+def ready_model(service: InferenceService, model: str | None, param: str | None = "model") -> ServedModel:
+    """The current model, if it is ready and `model` is its name (None or "": the one served, as
+    vLLM takes it)."""
     try:
         served = service.ensure_ready()
     except NotReady as exc:
         raise not_ready(exc) from exc
-    if model is not None and model != service.model_name:
+    if model and model != service.model_name:
         raise ApiError(404, f"model {model!r} not found; this server serves {service.model_name!r}",
-                       "not_found_error", "model")
+                       param=param, code="model_not_found")
     return served

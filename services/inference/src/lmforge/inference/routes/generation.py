@@ -38,7 +38,29 @@ def refuse_unsupported(body: SamplingFields) -> None:
 def check_max_tokens(service: InferenceService, max_tokens: int) -> None:
     limit = service.config.max_tokens_limit
     if max_tokens > limit:
-        raise ApiError(422, f"max_tokens: at most {limit} (got {max_tokens})", param="max_tokens")
+        raise ApiError(400, f"max_tokens: at most {limit} (got {max_tokens})", param="max_tokens")
+
+
+def vocabulary(served: ServedModel) -> int:
+    """How many token ids both the tokenizer and the model know (ids 0 to this - 1)."""
+    return min(served.codec.vocab_size, served.runner.engine.config.vocab_size)
+
+
+def check_vocabulary_bounds(served: ServedModel, body: SamplingFields, logprobs: int | None,
+                            logprobs_param: str = "logprobs") -> None:
+    """The bounds that depend on the model, checked before anything reaches its engine: top_k,
+    the top logprobs asked for and logit_bias's token ids within the vocabulary."""
+    vocab = vocabulary(served)
+    if body.top_k > vocab:
+        raise ApiError(400, f"top_k: at most the vocabulary's {vocab} tokens (got {body.top_k}; -1 or 0: off)",
+                       param="top_k")
+    if logprobs is not None and logprobs > vocab:
+        raise ApiError(400, f"{logprobs_param}: at most the vocabulary's {vocab} tokens (got {logprobs})",
+                       param=logprobs_param)
+    bad = next((token for token, _ in body.biases() if token >= vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"logit_bias: token id {bad} is outside the vocabulary (0 to {vocab - 1})",
+                       param="logit_bias")
 
 
 async def prompt_ids(service: InferenceService, served: ServedModel, prompt: str | list[int], max_tokens: int,
@@ -56,7 +78,7 @@ async def prompt_ids(service: InferenceService, served: ServedModel, prompt: str
         if not ids:
             raise ApiError(400, f"{param}: makes no tokens", param=param)
     else:
-        vocab = min(served.codec.vocab_size, served.runner.engine.config.vocab_size)
+        vocab = vocabulary(served)
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise ApiError(400, f"{param}: token id {bad} is outside the vocabulary (0 to {vocab - 1})", param=param)
@@ -126,21 +148,24 @@ async def _nothing_generated() -> AsyncIterator[Delta]:
 def start(service: InferenceService, served: ServedModel, prompts: list[list[int]], body: SamplingFields,
           max_tokens: int, logprobs: int | None, prefix: str) -> Job:
     """Queue n choices per prompt (none to generate with max_tokens 0). With a seed, choice i
-    of a prompt samples with seed + i: reproducible, and the n choices differ."""
+    of a prompt samples with seed + i (modulo 2**64, so a negative seed is one too):
+    reproducible, and the n choices differ."""
     choices = len(prompts) * body.n
     if max_tokens and choices > service.config.engine.max_waiting:
         raise ApiError(400, f"n: {choices} choices (prompts × n) exceed the server's queue of "
                             f"{service.config.engine.max_waiting}", param="n")
     generations: list[Generation] = []
+    request_id = f"{prefix}-{uuid.uuid4().hex[:24]}"
     try:
         for p, ids in enumerate(prompts):
             for i in range(body.n):
                 handle = None
                 if max_tokens:
-                    seed = None if body.seed is None else (body.seed + i) % 2**63
+                    seed = None if body.seed is None else (body.seed + i) % 2**64
                     params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                            top_k=max(body.top_k, 0), seed=seed, logprobs=logprobs)
-                    handle = service.submit(served, ids, params)
+                                            top_k=max(body.top_k, 0), seed=seed, logprobs=logprobs,
+                                            logit_bias=body.biases())
+                    handle = service.submit(served, ids, params, request_id)
                 generations.append(Generation(len(generations), p, handle))
     except BaseException as exc:
         for generation in generations:
@@ -153,7 +178,6 @@ def start(service: InferenceService, served: ServedModel, prompts: list[list[int
             raise not_ready(exc) from exc
         raise
     span = trace.get_current_span()
-    request_id = f"{prefix}-{uuid.uuid4().hex[:24]}"
     context = dict(request_id=request_id, trace_id=trace_id_of(span), prompt_tokens=sum(map(len, prompts)),
                    max_tokens=max_tokens, choices=len(generations), stream=body.stream)
     return Job(service, served, prompts, generations, body.stop, span, request_id, time.monotonic(), context)
@@ -213,7 +237,7 @@ async def collect(job: Job, request: Request) -> list[list[Delta]] | None:
             async for generation, delta in stream:
                 deltas[generation.index].append(delta)
     except NotReady as exc:
-        raise ApiError(503, str(exc), "service_unavailable") from exc
+        raise not_ready(exc) from exc
     finally:
         watcher.cancel()
         job.log_done()

@@ -1,5 +1,6 @@
-"""Probes and metrics, without authentication: /healthz (the process answers), /readyz (the
-model is loaded and its engine runs) and /metrics (when not on a port of its own)."""
+"""Probes and metrics, without authentication: /healthz (the process answers and its engine has
+not broken: the liveness probe, a restart mends it), /readyz (the model is loaded and its engine
+runs) and /metrics (when not on a port of its own)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ metrics_router = APIRouter()
 
 
 @router.get("/healthz")
-def healthz():
+def healthz(service: ServiceDep):
+    reason = service.liveness()
+    if reason is not None:
+        return JSONResponse({"status": "failed", "reason": reason}, status_code=503)
     return {"status": "alive"}
 
 
