@@ -7,11 +7,14 @@ sets them; without them, podman with the flags this machine needs."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The service images, as the Makefile declares them (IMAGE_SERVICES).
+SERVICES = tuple(re.search(r"^IMAGE_SERVICES := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1).split())
 ENGINE = os.environ.get("CONTAINER_ENGINE") or "podman"
 _PODMAN = ("--runtime /usr/sbin/runc " if Path("/usr/sbin/runc").exists() else "") + \
     "--ulimit nofile=1024:1024 --ulimit nproc=1024:1024"

@@ -20,10 +20,8 @@ import httpx
 import pytest
 
 from lmforge.sample_data.wet import write_sample_wet
-from tests.images.engine import BUILD_FLAGS, ENGINE, IS_PODMAN, REPO, RUN_FLAGS, UID, build_image, engine, run
+from tests.images.engine import BUILD_FLAGS, ENGINE, IS_PODMAN, REPO, RUN_FLAGS, SERVICES, UID, build_image, engine, run
 from tests.ports import free_port
-
-SERVICES = ["dataprep", "trainer", "uploader", "inference", "canary"]
 
 # What each image runs, its own lmforge distributions, and third-party distributions that must
 # and must not be in it (docs/design.md: a service depends only on what it uses). dataprep and
