@@ -93,7 +93,7 @@ $(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pypro
 # The whole platform on this machine (services/demo): corpus, data pipeline (kfp.local), FSDP training
 # with the uploader and one planned interruption, serving, canary, Prometheus. Servers stay up until
 # Ctrl-C; `make demo-stop` ends what a killed demo left running.
-demo: setup ## the whole platform on this machine, under 10 min on 2 cores (README: Quickstart)
+demo: setup ## the whole platform on this machine (README: Quickstart)
 	$(VENV)/bin/lmforge-demo run --set workdir=$(DEMO_DIR) $(DEMO_ARGS)
 
 demo-stop: ## stop what a killed demo left running

@@ -111,8 +111,9 @@ class CheckpointSection(StrictModel):
     resume: bool = Field(True, description="continue from the newest committed checkpoint in run_dir")
     async_save: bool = Field(True, description="write files in the background; the step waits only for staging")
     save_best: bool = Field(True, description="also checkpoint each new best val loss; retention keeps it")
-    purge_requires_upload: bool = Field(False, description="retention deletes only checkpoints the uploader "
-                                        "sidecar has marked UPLOADED (set when the sidecar runs)")
+    purge_requires_upload: bool = Field(False, description="retention deletes only checkpoints the store named "
+                                        "by their UPLOADED marker holds (one HEAD of the manifest; set when "
+                                        "the sidecar runs)")
 
 
 class PreflightSection(StrictModel):
