@@ -67,7 +67,7 @@ image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONT
 	CONTAINER_RUN_FLAGS="$(CONTAINER_RUN_FLAGS)" LOCAL_BASE_IMAGE="$(LOCAL_BASE_IMAGE)" VERSION="$(VERSION)"
 
 .PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-quality-steps \
-	bench-dataprep-scaling bench-html-extraction bench-train-memory \
+	bench-dataprep-scaling bench-dataprep-crawl bench-html-extraction bench-train-memory \
 	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-serve-engine bench-gpu clean
 .DEFAULT_GOAL := help
 
@@ -102,9 +102,10 @@ demo-stop: ## stop what a killed demo left running
 
 # The README's configuration reference and the chart's values.schema.json, regenerated from the
 # services' pydantic models (and, for the chart-level values, lmforge.common.chart_values).
-docs: setup ## regenerate the README's configuration reference and the chart's values schema
+docs: setup ## regenerate the README's configuration reference, the chart's values schema and its data-prep stage list
 	$(PY) -m lmforge.common.config_reference --readme README.md
 	$(PY) -m lmforge.common.values_schema --write helm/lmforge/values.schema.json
+	$(PY) -m lmforge.dataprep.stages --write helm/lmforge/dataprep-stages.json
 
 test: setup image-tools ## every test, the image builds included (pytest lists the 25 slowest)
 	$(check_engine)
@@ -133,13 +134,22 @@ bench-dataprep: setup ## data prep against Hugging Face datatrove on the same in
 bench-quality-steps: setup ## docs/s and MB/s per core of each filter step (URL, FineWeb, C4, toxicity, Gopher, ...)
 	$(PY) bench/quality_steps.py
 
-bench-dataprep-scaling: setup ## data prep at 1 and 2 workers, per-task memory and disk at 1x/2x/4x (docs/scaling.md)
+bench-dataprep-scaling: setup ## data prep at 1 and 2 workers, per-task memory and disk at 1x/4x/16x (then bench-dataprep-crawl writes docs/scaling.md)
 	$(call apt_install,$(BENCH_APT_PACKAGES))
 	$(PY) bench/dataprep_scaling.py
+
+# The components memory run: a random duplicate graph of small components, 16x the edges of
+# bench-dataprep-scaling's corpus on 16 tasks (the model's bytes per record).
+bench-dataprep-crawl: setup ## a 100 TB crawl's task structure at 1x/4x/16x inputs on moto S3: requests per task and prefix; docs/scaling.md
+	$(PY) bench/dataprep_crawl_structure.py
+	$(PY) bench/components_memory.py --edges 1152000 --nodes 4608000 --tasks 16 --json bench/out/components-memory.json
 	$(PY) bench/scale_model.py --write docs/scaling.md
 
 bench-html-extraction: setup ## WARC HTML main-text extraction: token precision/recall/F1 and pages/s per core of each extractor
 	$(PY) bench/html_extraction.py
+
+bench-train-loader: setup ## bytes fetched per byte trained and the data-wait share, block-window against global shuffle (corpus 100x the cache, 20 ms proxy)
+	$(PY) bench/train_loader_amplification.py
 
 bench-train-memory: setup ## per-rank training memory, DDP against FSDP2
 	$(PY) bench/train_memory.py

@@ -9,24 +9,29 @@ disk as the input grows (issue 19).
    Printed per phase, from the run's own records (work/timings: wall-clock, CPU, peak RSS per
    process): wall time at 1 and 2 workers, speedup, CPU seconds, WET MB per CPU second and the
    largest peak RSS of any process or task (at 1 worker every task runs in the one process, so
-   its figure for a phase is that process's peak so far); and end to end. Asserted: shards/, lineage/ and
+   its figure for a phase is that process's peak so far); and end to end. Asserted: shards/, index/, lineage/ and
    manifest.json byte-identical between the two runs, every phase's peak RSS below --max-rss and
    the end-to-end speedup at least --min-speedup (issue 19: 1.8; timings need an idle machine).
 
-2. Flatness. A smaller corpus (default 25 MB in 4 files) and its 2x and 4x (8 and 16 files of
-   the same size: a task's partition is one input, so its size stays put while the corpus
-   grows) run stage by stage with one task per process, as the Indexed-Job pods run them, with
-   inputs and output on a moto S3 server and each process given a fresh TMPDIR. Per task: peak
-   RSS (its wait4 rusage, taken by bench/task_launcher.py) and peak bytes under its TMPDIR
-   (sampled every --disk-interval seconds). The tokenizer's sample is capped below the 1x
-   corpus (--flat-set), as the default 64 MB cap is below a crawl's. Asserted: each phase's
-   largest per-task RSS and local disk flat within --flat-tolerance across the sizes
-   (differences under --flat-rss-floor-mib / --flat-disk-floor-mib count as flat: a few MiB of
-   a 200 MiB process are allocator noise), and RSS below --max-rss.
+2. Flatness. A smaller corpus (default 8 MB in 2 files) and its 4x and 16x (8 and 32 files of
+   the same size) run stage by stage (stages.STAGES: inputs, combine, dedup, every components
+   round, tokenizer, tokenize, shards, report) with one task per process, as Indexed-Job pods
+   with one task each run them, with inputs and output on a moto S3 server and each process
+   given a fresh TMPDIR. Per task: peak RSS (its wait4 rusage, taken by bench/task_launcher.py)
+   and peak bytes under its TMPDIR (sampled every --disk-interval seconds). The settings are
+   those a crawl would run with, scaled down (--flat-set): the tokenizer's sample capped below
+   the 1x corpus (the default 64 MB cap is below a crawl's), a small minhash.task_memory_bytes so
+   the auto dedup partitions and combine ranges grow with the corpus as they would at crawl scale,
+   four input groups, shards of two inputs, and components.tasks growing with the corpus
+   (--flat-components-tasks at 1x, times the factor: a task's share of the duplicate graph stays
+   put). Asserted: each phase's largest per-task RSS and local disk flat within --flat-tolerance
+   across the sizes (differences under --flat-rss-floor-mib / --flat-disk-floor-mib count as
+   flat: a few MiB of a 200 MiB process are allocator noise), and RSS below --max-rss.
 
-Results land in bench/out/dataprep-scaling.json (bench/scale_model.py turns them into
-docs/scaling.md's tables). Inputs are generated once and cached in bench/out/. Every phase the
-run records is reported, so phases added to the pipeline show up without a change here.
+Results land in bench/out/dataprep-scaling.json (bench/scale_model.py takes the per-stage CPU per
+WET MB and per-task memory from it into docs/scaling.md's tables). Inputs are generated once and
+cached in bench/out/. Every phase the run records is reported, so phases added to the pipeline
+show up without a change here.
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import os
 import platform
 import re
@@ -53,20 +57,26 @@ from lmforge.sample_data.wet import write_sample_wet  # noqa: E402
 
 DATAPREP = REPO / ".venv" / "bin" / "lmforge-dataprep"
 DOCS_PER_MB = 50_000 / 205.5  # the generator's density (bench/dataprep_bench.py: 50k documents ≈ 205.5 MB)
-IDENTICAL = ("shards", "lineage", "manifest.json")
+IDENTICAL = ("shards", "index", "lineage", "manifest.json")
 MIB = 2**20
+# The flatness runs' settings: the tokenizer's bounded sample below the 1x corpus's kept text (so it
+# stays the same size); a 4 MiB task budget, so the auto dedup partitions and combine ranges grow
+# with the corpus as a crawl's do with theirs; four input groups; shards of two inputs each.
+FLAT_SET = ["tokenizer.sample_bytes=2097152", "minhash.task_memory_bytes=4194304", "minhash.group_objects=4",
+            "shards.inputs_per_partition=2"]
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=float, default=205.5, help="WET MB of the scaling corpus (issue: ≥ 200)")
     p.add_argument("--files", type=int, default=16, help="WET files the scaling corpus is split into")
-    p.add_argument("--flat-mb", type=float, default=25, help="WET MB of the flatness corpus at 1x")
-    p.add_argument("--flat-files", type=int, default=4, help="WET files of the flatness corpus at 1x")
-    p.add_argument("--flat-factors", default="1,2,4", help="sizes of the flatness runs, as multiples of --flat-mb")
+    p.add_argument("--flat-mb", type=float, default=8, help="WET MB of the flatness corpus at 1x")
+    p.add_argument("--flat-files", type=int, default=2, help="WET files of the flatness corpus at 1x")
+    p.add_argument("--flat-factors", default="1,4,16", help="sizes of the flatness runs, as multiples of --flat-mb")
     p.add_argument("--flat-set", action="append", default=None, metavar="FIELD=VALUE",
-                   help="config overrides of the flatness runs (default: tokenizer.sample_bytes=2097152, so the "
-                        "tokenizer's bounded sample is below the 1x corpus's kept text and stays the same size)")
+                   help="config overrides of the flatness runs (default: " + " ".join(FLAT_SET) + ")")
+    p.add_argument("--flat-components-tasks", type=int, default=1,
+                   help="components.tasks of the 1x flatness run; the larger runs get this times their factor")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="config overrides of every run (lmforge-dataprep --set)")
     p.add_argument("--seed", type=int, default=2026)
@@ -81,6 +91,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--flat-disk-floor-mib", type=float, default=1.0,
                    help="local disk differences below this many MiB count as flat, whatever the ratio")
     p.add_argument("--disk-interval", type=float, default=0.01, help="seconds between TMPDIR size samples")
+    p.add_argument("--max-rounds", type=int, default=16, help="components rounds run at most (components.max_rounds)")
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-flatness", action="store_true")
     return p.parse_args()
@@ -188,7 +199,8 @@ def tree_digest(output: Path) -> dict[str, str]:
 INVENTORY = (
     ("wet_input", None), ("docs", r"work/docs/"), ("dedup_keys", r"work/minhash/keys/"),
     ("signatures", r"work/minhash/.*\.sig\.npy$"), ("minhash", r"work/minhash/[^/]*\.npz$"),
-    ("edges", r"work/dedup/edges-"), ("removed", r"work/dedup/removed"), ("tokens", r"work/tokens/.*\.bin$"),
+    ("combined", r"work/dedup/combined/"), ("edges", r"work/dedup/edges"), ("components", r"work/dedup/components/"),
+    ("removed", r"work/dedup/removed"), ("tokens", r"work/tokens/.*\.bin$"),
     ("token_index", r"work/tokens/.*\.arrow$"), ("filter_rejects", r"rejects/filter-"),
     ("dedup_rejects", r"rejects/dedup-"), ("shards", r"shards/"), ("lineage", r"lineage/"),
     ("tokenizer", r"tokenizer\.json$"), ("manifest", r"manifest\.json$"), ("report", r"report\."),
@@ -213,7 +225,8 @@ def output_inventory(output: Path, inputs: list[Path]) -> dict[str, dict]:
 def edge_count(output: Path) -> int:
     import numpy as np
 
-    return sum(int(np.load(path, mmap_mode="r").shape[0]) for path in (output / "work" / "dedup").glob("edges-*.npy"))
+    edges = (output / "work" / "dedup").glob("edges/*/*.npy")  # layout.edges: under hash directories
+    return sum(int(np.load(path, mmap_mode="r").shape[0]) for path in edges)
 
 
 class Launcher:
@@ -367,24 +380,43 @@ class MotoS3:
         self.server.stop()
 
 
-def _task_counts(output: str, n_inputs: int, env: dict) -> dict[str, int]:
-    """Tasks per indexed phase, from the run's recorded config (read back from S3)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        from lmforge.dataprep.runner import PartitionPlan, open_run
+class _Env:
+    """os.environ with `env` laid over it for the block (the bench reads the run back from S3)."""
 
-        config = open_run(output, None, None).config
-    finally:
-        for k, v in saved.items():
+    def __init__(self, env: dict):
+        self.env = env
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    per_partition = getattr(config.shards, "inputs_per_partition", None)  # shards by partition (issue 19)
-    return {"dedup": PartitionPlan.from_config(config.minhash).count,
-            "shards": math.ceil(n_inputs / per_partition) if per_partition else 0}
 
 
-def flat_run(args, launcher: Launcher, factor: int, inputs: list[str], s3: MotoS3, out: Path) -> dict:
-    """Every phase of one corpus, one task per process, as the Indexed-Job pods run it."""
+def _task_count(output: str, stage: str, env: dict, round_: int | None = None) -> int:
+    """Tasks of a split stage, from the run's recorded inputs and config (read back from S3)."""
+    from lmforge.dataprep.runner import open_run, stage_tasks
+
+    with _Env(env):
+        return len(stage_tasks(open_run(output, None, None), stage, round_))
+
+
+def _round_states(output: str, env: dict, round_: int) -> set[str]:
+    from lmforge.dataprep import layout
+    from lmforge.dataprep.runner import open_run
+
+    with _Env(env):
+        run = open_run(output, None, None)
+        return {json.loads(run.store.read_text(layout.components_done(round_, t)))["state"]
+                for t in range(run.config.components.tasks)}
+
+
+def flat_run(args, launcher: Launcher, factor: int, inputs: str, s3: MotoS3, out: Path) -> dict:
+    """Every stage of one corpus, one task per process, as Indexed-Job pods of one task each run it."""
+    from lmforge.dataprep.stages import ROUNDS, STAGES
+
     bucket = f"scale-x{factor}"
     s3.client.create_bucket(Bucket=bucket)
     output = f"s3://{bucket}/out"
@@ -394,41 +426,46 @@ def flat_run(args, launcher: Launcher, factor: int, inputs: list[str], s3: MotoS
     env = {**os.environ, **s3.env, "RAYON_NUM_THREADS": "1"}
     log = out / f"flat-x{factor}.log"
     log.unlink(missing_ok=True)
-    sets = [x for item in [*args.set, *args.flat_set] for x in ("--set", item)]
-    base = [str(DATAPREP)]
-    n = len(inputs)
+    overrides = [*args.set, *args.flat_set, f"components.tasks={args.flat_components_tasks * factor}"]
+    sets = [x for item in overrides for x in ("--set", item)]
     tasks: list[tuple[str, dict]] = []
 
     def task(phase: str, command: list[str]) -> None:
-        tasks.append((phase, launcher.run([*base, *command, "--output", output], env, log, scratch,
+        tasks.append((phase, launcher.run([str(DATAPREP), *command, "--output", output], env, log, scratch,
                                           args.disk_interval)))
 
     def indexed(phase: str, command: list[str], count: int) -> None:
         for k in range(count):
             task(phase, [*command, "--worker-index", str(k), "--num-workers", str(count)])
 
-    indexed("inputs", ["run", "--input", *inputs, *sets], n)
-    counts = _task_counts(output, n, s3.env)
-    indexed("dedup", ["dedup"], counts["dedup"])
-    task("cluster", ["cluster"])
-    task("tokenizer", ["tokenizer"])
-    indexed("tokenize", ["tokenize"], n)
-    if counts["shards"]:
-        indexed("shards", ["shards"], counts["shards"])
-    else:
-        task("shards", ["shards"])
-    task("report", ["report"])
+    n_inputs = 0
+    for stage in STAGES:
+        if stage.name == "inputs":
+            from lmforge.common.storage import expand_inputs
+
+            with _Env(s3.env):
+                n_inputs = len(expand_inputs([inputs]))
+            indexed("inputs", ["run", "--input", inputs, *sets], n_inputs)
+        elif stage.kind == ROUNDS:
+            for r in range(args.max_rounds):
+                indexed(stage.name, [stage.name, "--round", str(r)], _task_count(output, stage.name, s3.env, r))
+                if _round_states(output, s3.env, r) == {"idle"}:
+                    break
+        elif stage.split:
+            indexed(stage.name, [stage.name], _task_count(output, stage.name, s3.env))
+        else:
+            task(stage.name, [stage.name])
     shutil.rmtree(scratch, ignore_errors=True)
 
     phases: dict[str, dict] = {}
-    for phase, task in tasks:
+    for phase, result in tasks:
         entry = phases.setdefault(phase, {"tasks": 0, "peak_rss_bytes": 0, "peak_tmpdir_bytes": 0,
                                           "cpu_seconds": 0.0, "max_task_seconds": 0.0})
         entry["tasks"] += 1
-        entry["peak_rss_bytes"] = max(entry["peak_rss_bytes"], task["peak_rss_bytes"])
-        entry["peak_tmpdir_bytes"] = max(entry["peak_tmpdir_bytes"], task["peak_tmpdir_bytes"])
-        entry["cpu_seconds"] = round(entry["cpu_seconds"] + task["cpu_seconds"], 3)
-        entry["max_task_seconds"] = max(entry["max_task_seconds"], task["wall_seconds"])
+        entry["peak_rss_bytes"] = max(entry["peak_rss_bytes"], result["peak_rss_bytes"])
+        entry["peak_tmpdir_bytes"] = max(entry["peak_tmpdir_bytes"], result["peak_tmpdir_bytes"])
+        entry["cpu_seconds"] = round(entry["cpu_seconds"] + result["cpu_seconds"], 3)
+        entry["max_task_seconds"] = max(entry["max_task_seconds"], result["wall_seconds"])
     return phases
 
 
@@ -441,19 +478,23 @@ def flatness(args, launcher: Launcher, out: Path) -> tuple[dict, list[str]]:
     results = {}
     with MotoS3() as s3:
         s3.client.create_bucket(Bucket="scale-inputs")
-        for path in files:
-            s3.client.upload_file(str(path), "scale-inputs", path.name)
+        for factor in factors:  # one folder per size, so a glob names its inputs and the listing their sizes
+            for path in files[: args.flat_files * factor]:
+                s3.client.upload_file(str(path), "scale-inputs", f"x{factor}/{path.name}")
         for factor in factors:
-            inputs = [f"s3://scale-inputs/{p.name}" for p in files[: args.flat_files * factor]]
             started = time.perf_counter()
-            results[factor] = flat_run(args, launcher, factor, inputs, s3, out)
-            print(f"  {factor}x: {len(inputs)} inputs, {sum(e['tasks'] for e in results[factor].values())} "
-                  f"task processes, {time.perf_counter() - started:.1f}s", flush=True)
+            results[factor] = flat_run(args, launcher, factor, f"s3://scale-inputs/x{factor}/*.warc.wet.gz", s3, out)
+            print(f"  {factor}x: {args.flat_files * factor} inputs, "
+                  f"{sum(e['tasks'] for e in results[factor].values())} task processes, "
+                  f"{time.perf_counter() - started:.1f}s", flush=True)
 
     floors = {"peak_rss_bytes": args.flat_rss_floor_mib * MIB, "peak_tmpdir_bytes": args.flat_disk_floor_mib * MIB}
     print(f"\n{'phase':10s} {'tasks':>12s} {'peak RSS MiB per task':>28s} {'local disk MiB per task':>30s}")
     failures, table = [], {}
-    for phase in results[factors[0]]:
+    for phase in results[factors[-1]]:
+        if any(phase not in results[f] for f in factors):
+            failures.append(f"{phase}: not run at every size")
+            continue
         row = {"tasks": [results[f][phase]["tasks"] for f in factors]}
         for key in ("peak_rss_bytes", "peak_tmpdir_bytes"):
             values = [results[f][phase][key] for f in factors]
@@ -482,7 +523,7 @@ def main() -> None:
     args = parse_args()
     launcher = Launcher()
     if args.flat_set is None:
-        args.flat_set = ["tokenizer.sample_bytes=2097152"]
+        args.flat_set = FLAT_SET
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"machine": {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),

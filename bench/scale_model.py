@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
-"""docs/scaling.md's tables: data prep for a whole crawl, from what bench/dataprep_scaling.py measured.
+"""docs/scaling.md's tables: data prep of whole Common Crawl snapshots (10 TB and 100 TB of WET, on
+1,000 and 4,000 pods) stage by stage, from what the benchmarks measured on this machine.
 
-Reads bench/out/dataprep-scaling.json (`make bench-dataprep-scaling`): per-phase CPU seconds per
-WET MB at one worker on one core, the bench output's files and bytes by kind, the duplicate edges
-and documents, and the per-task peak RSS and CPU of the flatness runs. Without it, the figures of
-docs/benchmarks.md's 2026-11-21 run (PROVISIONAL below), marked as such in the tables. Scales them
-to --wet-tb of WET, --docs documents and --input-files WET files on --pods one-core pods, picks the
-minhash.partitions_per_band and minhash.cluster_tasks that keep those tasks under the per-task
-budget (or says that none does), and writes the tables between the markers in docs/scaling.md
-(--write) or prints them.
+Reads, from bench/out/ (each optional: where one is missing, the figures of the run recorded in
+FALLBACK below, marked with its date in the generated text):
+- dataprep-crawl-structure.json (`make bench-dataprep-crawl`): S3 requests per task of every stage
+  with the 100 TB run's task structure, the pods' own requests, and the bytes of the key objects;
+- dataprep-scaling.json (`make bench-dataprep-scaling`): CPU seconds per WET MB of each per-input
+  stage at one worker on one core, and each stage's per-task peak RSS at 1x, 4x and 16x;
+- components-memory.json (`bench/components_memory.py --json`): a components task's peak RSS per
+  record it holds, and its CPU per record and round.
 
-The code's layout as of issue 19's redesign and "Dedup reads at crawl scale" (layout.py,
-dedup_keys.py, dedup_global.py): one key file per input with a section per dedup partition of
-(doc id, key, signature row) triples; (bands + 2) x partitions_per_band dedup tasks, each reading
-its section of every input's key file (a HEAD, its two offsets and its section per input) and the
-signature row of every candidate (one GET each, plus two .npy-header GETs per input with a
-candidate), READ_THREADS (16) reads at a time; cluster_tasks forests and one merge; removed ids
-per input.
-Bytes-per-item constants of the tasks whose memory grows with the corpus come from reading their
-code (MEMORY comments below) or from measuring the objects they hold (stated where so).
+The stages and what their tasks read and write are the code's (stages.py, layout.py); the task counts
+are what the code chooses for the crawl (dedup_plan: partitions per band and per combined object from
+the inputs' listed sizes; minhash.group_objects input groups) or what the model must pick
+(components.tasks: the fewest that keep a task under 1.5 GB). A task's requests are the measured
+per-task figures applied to the crawl's fan-ins (two per input of a combine task's group, two per
+group object of a dedup task, 4 x components.tasks per components round, ...); a request costs 20 ms
+of latency (assumed) and its client CPU (measured); a stage's wall time is its tasks' time over the
+pods, plus what each pod does before its first task. Results between the markers of
+docs/scaling.md (--write), with the figures they came from, so tests/dataprep/test_scaling_bench.py
+can check they are what this computes.
 """
 
 from __future__ import annotations
@@ -26,131 +28,159 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- scale-model:begin -->", "<!-- scale-model:end -->"
 INPUTS_TAG = "<!-- scale-model-inputs "
 MIB = 2**20
-PART = 8 * MIB  # lmforge.common.s3 DEFAULT_PART_SIZE: whole-object GETs and multipart PUTs
-RANGE = MIB  # Store.open_read (S3Bucket.open_ranged): Parquet/Arrow reads are ranged GETs of ≥ 1 MiB
-BLOCK = 4 * MIB  # the manifest's block_bytes: one block_sha256 each, and the trainer's fetch unit
-MAX_TASK_RSS = 1.5e9  # issue 19's per-task budget
-S3_PREFIX_PUTS, S3_PREFIX_GETS = 3_500, 5_500  # requests/s per prefix before S3 scales a prefix out
-# ASSUMED: the time to first byte of one S3 request (the trainer streaming bench puts its proxy 20 ms
-# away); what dominates a task that makes many small GETs. A task's requests are paid one after
-# another, except a dedup task's reads, READ_THREADS at a time (dedup_global.READ_THREADS).
-REQUEST_LATENCY = 0.020
-READ_THREADS = 16
+PART = 8 * MIB  # lmforge.common.s3 DEFAULT_PART_SIZE: one PUT up to it, multipart above (+ create, complete)
+MAX_TASK_RSS = 1.5e9  # the per-task budget (issue 19)
+S3_PREFIX_PUTS, S3_PREFIX_GETS = 3_500, 5_500  # requests/s per prefix before S3 answers SlowDown
+SUSTAINED = 600  # seconds: a prefix over S3's rate for less than this is retried through (its load is spread)
+HASH_DIRS = 256  # layout._hash_dir: objects read and written at high rates spread over 256 directories
+GOAL_REQUESTS = 1e9  # issue 31: dedup and components requests at 100 TB (≈ $400 of GETs)
+GET_DOLLARS = 0.4e-6  # S3 standard, per GET
+REQUEST_LATENCY = 0.020  # ASSUMED: time to first byte of one S3 request (the trainer streaming bench's proxy)
+THREADS = 16  # dedup_global.READ_THREADS, components.IO_THREADS: reads a combine/dedup/components task keeps in flight
+STAGES = ("inputs", "combine", "dedup", "components", "tokenizer", "tokenize", "shards", "report")
+CRAWL_DOCS_PER_TB = 3e8  # Common Crawl: 3.0 G documents in ~10 TB of gzip WET
+CRAWL_FILE_BYTES = 10e12 / 90_000  # one WET file, as a listing gives it
 
-# docs/benchmarks.md, "Data prep: lmforge vs Hugging Face datatrove (2026-11-21)": 205.5 MB of WET,
-# 50,000 records, one core, 145.1 s end to end (1.42 MB/s). Per-input stages read..minhash: 98.74 s;
-# tokenize 36.78 s; shards 0.69 s; global dedup 0.04 s plus the rest of the 145.1 s (~8.85 s), all
-# counted as dedup. The tokenizer: ASSUMED 60 s for a 64 MB sample. File sizes and edges: a 10 MB dev
-# run of bench/dataprep_scaling.py (2026-11-25, before the redesign: its key files were one per column;
-# their bytes scaled here by 24 x 20 / (16 x 20 + 8), the (doc id, key, row) sections of today).
-PROVISIONAL = {
-    "input": {"files": 16, "wet_bytes": 205.5e6, "records": 50_000, "gz_bytes": 91.5e6},
-    "phases": {"inputs": 98.74, "dedup": 0.04 + 8.85, "tokenize": 36.78, "shards": 0.69, "tokenizer": 60.0},
-    "dedup": {"records": 50_000, "docs_into_global_dedup": 34_000, "edges": 3547 / 1824 * 34_000,
-              "removed": {"near_duplicate": 3_000}, "clusters": 3_000},
-    "totals": {"kept_docs": 31_000, "output_tokens": 22_683_842},
-    "output_files": {"wet_input": (4471955, 16), "docs": (2444663, 16), "dedup_keys": (914107, 16),
-                     "signatures": (935936, 16), "edges": (87688, 20), "removed": (3358, 16),
-                     "tokens": (2212404, 16), "token_index": (251984, 16), "filter_rejects": (190120, 16),
-                     "dedup_rejects": (98013, 16), "shards": (2226516, 4), "lineage": (102897, 2),
-                     "tokenizer": (124070, 1), "manifest": (4259, 1), "report": (80991, 2), "small": (50052, 76)},
-    "output_wet_bytes": 10.1e6,
-    "task_rss": {"inputs": 229 * MIB, "dedup": 166 * MIB, "cluster": 159 * MIB, "tokenizer": 272 * MIB,
-                 "tokenize": 257 * MIB, "shards": 260 * MIB, "report": 165 * MIB},
-    "flat_slopes": {},  # CPU seconds per WET MB (cluster) and per input (report) of the flatness runs
-    "config": {"partitions_per_band": 1, "cluster_tasks": 1, "num_perm": 128, "shard_tokens": 50_000_000,
-               "inputs_per_partition": 1, "sample_bytes": 64 << 20},
-    "tokenizer_sample_bytes": 64 << 20, "partitions": 20,
+# Figures of earlier runs, used where bench/out/ holds no newer ones (each with its date).
+FALLBACK = {
+    # `make bench-dataprep-scaling`, 2026-11-26 (docs/benchmarks.md): 205.5 MB of generated WET, 50,000
+    # records, one worker on one core; CPU seconds per stage (dedup: the partitions' sort and verify).
+    "cpu": {"date": "2026-11-26", "wet_bytes": 205461655, "gz_bytes": 91474798, "records": 50000,
+            "seconds": {"inputs": 60.098, "dedup": 4.37, "tokenizer": 8.405, "tokenize": 19.921, "shards": 0.33}},
+    "corpus": {"dedup_share": 37488 / 50000, "kept_share": 31000 / 50000, "tokens_per_wet_byte": 22677370 / 205461655,
+               "bytes_per_wet_byte": {"docs": 45754990 / 205461655, "tokens": 45354740 / 205461655,
+                                      "token_index": 4873272 / 205461655, "filter_rejects": 1571427 / 205461655,
+                                      "dedup_rejects": 836754 / 205461655, "lineage": 2118205 / 205461655}},
+    # its flatness runs' largest per-task peak RSS, per stage (the old stages: dedup, cluster)
+    "rss": {"date": "2026-11-26", "inputs": 237731840, "combine": 168464384, "dedup": 168464384,
+            "components": 165715968, "tokenizer": 216911872, "tokenize": 264978432, "shards": 189743104,
+            "report": 167612416},
+    "report": {"rss_per_input": 0.0, "cpu_per_input": 0.0},
+    # botocore's client CPU per request, from the 2026-11-26 flatness runs' dedup tasks over S3
+    "request_cpu": 1.5e-3,
 }
 
-CLUSTER_SECONDS_PER_EDGE = 200e-9  # ASSUMED when the run has no flatness cluster task to take a slope from
-# ASSUMED when the run has no flatness dedup tasks to take it from: the client CPU of one S3 request
-# (botocore's signing and parsing), paid under the GIL whatever the threads.
-REQUEST_CPU_SECONDS = 2e-3
 
-# MEMORY, bytes per item held at a task's peak (read off the code):
-# dedup (group_partition): its section of every input, (doc id, key, signature row) 24 B, their
-# concatenation 24 B, the lexsort order 8 B and the sorted copies 24 B, all alive until the task
-# ends, per entry of the partition (N / partitions_per_band).
-DEDUP_BYTES_PER_ENTRY = 80
-# dedup, per input: ThreadPoolExecutor.map submits every read at once, so each input's read is a
-# Future (with its Condition, RLock and deque) and a _WorkItem until it is collected, ~1.5 kB; and its
-# section's objects (the bytes, the array and its reshaped and column views, the tuple), ~0.7 kB.
-# ESTIMATED from CPython 3.11's object sizes, not measured.
-FUTURE_BYTES = 1_500
-SECTION_OBJECT_BYTES = 700
-# dedup, near partitions (_read_signatures): every candidate's signature row (num_perm x 4 B) held at
-# once, its bytes and ndarray objects, the dict entry, the index arrays and lists (~300 B), and a
-# Future per row read while the reads run (FUTURE_BYTES). ESTIMATED like the above.
-ROW_OBJECT_BYTES = 300
-# cluster (cluster_group): the edge array (24 B), np.unique over both ends (sorted copy, inverse, argsort
-# ~48 B), the sparse graph (~15 B), the near-only copy and its forest on top: ~100 B per edge.
-CLUSTER_BYTES_PER_EDGE = 100
-# merge (merge_clusters): every forest's rows (nodes, roots, kinds, near rows: 33 B) in the parts and
-# again joined, the pair stacks (32 B) and _forest over them (~60 B): ~160 B per forest row. A document
-# with a duplicate is a row of every cluster task whose partitions hold one of its edges.
-MERGE_BYTES_PER_ROW = 160
-FOREST_BYTES_PER_ROW = 33
-# report: two stats JSONs per input parsed (~12 kB, measured with tracemalloc) and its task rows (~1.2 kB);
-# the manifest parsed: ~700 B per shard entry and ~140 B per block hash (measured), as every trainer rank.
-REPORT_BYTES_PER_INPUT = 13_200
-MANIFEST_ENTRY_BYTES, MANIFEST_BLOCK_BYTES = 700, 140
-MANIFEST_ENTRY_JSON, MANIFEST_BLOCK_JSON, MANIFEST_INPUT_JSON = 270, 70, 110  # its JSON text, measured
-
-PHASES = ("inputs", "dedup", "cluster", "merge", "tokenizer", "tokenize", "shards", "report")
+# ------------------------------------------------------------------ what was measured
 
 
-def load(path: Path) -> tuple[dict, bool]:
-    if not path.exists():
-        return PROVISIONAL, True
-    raw = json.loads(path.read_text())
-    bench = raw["scaling"]
-    flat = raw.get("flatness") or {}
-    flat_phases = flat.get("phases", {})
-    phases = {name: p["workers_1"].get("cpu_seconds", 0.0) for name, p in bench["phases"].items()}
-    dedup = bench["dedup"]
-    task_rss = {name: max(row["peak_rss_bytes"]["values"]) for name, row in flat_phases.items()}
-    for name, p in bench["phases"].items():
-        task_rss.setdefault(name, p["workers_1"].get("peak_rss_bytes", 0))
-    slopes = {}
-    factors = flat.get("factors") or []
-    if len(factors) >= 2:
-        span = factors[-1] - factors[0]
-        for name, per in (("cluster", flat.get("base_wet_mb")), ("report", flat.get("files_at_1x"))):
-            cpu = (flat_phases.get(name) or {}).get("cpu_seconds")
-            if cpu and per and cpu[-1] > cpu[0]:  # else lost in the process start: not measured
-                slopes[name] = (cpu[-1] - cpu[0]) / (span * per)
-    flat_dedup = None
-    if len(factors) >= 2 and (flat_phases.get("dedup") or {}).get("cpu_seconds"):
-        flat_dedup = {"factors": factors, "base_wet_mb": flat.get("base_wet_mb"),
-                      "files_at_1x": flat.get("files_at_1x"), "cpu_seconds": flat_phases["dedup"]["cpu_seconds"]}
-    config = bench.get("config") or {}
-    minhash, shards, tokenizer = (config.get(k) or {} for k in ("minhash", "shards", "tokenizer"))
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load(out: Path) -> dict:
+    """The measured figures the model uses, from bench/out/ where present, else FALLBACK's."""
+    measured = json.loads(json.dumps(FALLBACK))
+    measured["sources"] = {}
+    scaling = _read(out / "dataprep-scaling.json") or {}
+    if scaling.get("scaling"):
+        bench = scaling["scaling"]
+        measured["cpu"] = {"date": scaling["date"], "wet_bytes": bench["input"]["wet_bytes"],
+                           "gz_bytes": bench["input"]["gz_bytes"], "records": bench["input"]["records"],
+                           "seconds": {name: p["workers_1"].get("cpu_seconds", 0.0)
+                                       for name, p in bench["phases"].items()}}
+    flat = scaling.get("flatness")
+    if flat:
+        phases = flat["phases"]
+        measured["rss"] = {"date": scaling["date"], **{name: max(row["peak_rss_bytes"]["values"])
+                                                       for name, row in phases.items()}}
+        span = (flat["factors"][-1] - flat["factors"][0]) * flat["files_at_1x"]
+        report = phases.get("report")
+        if report and span:
+            # a rise within the flatness floor is allocator noise, not a slope to carry to 900,000 inputs
+            rss, cpu = report["peak_rss_bytes"]["values"], report["cpu_seconds"]
+            rise = rss[-1] - rss[0] if rss[-1] - rss[0] >= flat["floor_bytes"]["peak_rss_bytes"] else 0.0
+            measured["report"] = {"rss_per_input": rise / span, "cpu_per_input": max(0.0, (cpu[-1] - cpu[0]) / span)}
+        measured["sources"]["flatness"] = scaling["date"]
+    crawl = _read(out / "dataprep-crawl-structure.json")
+    if crawl:
+        measured["requests"] = crawl_requests(crawl)
+        measured["sources"]["crawl_structure"] = crawl["date"]
+    components = _read(out / "components-memory.json")
+    if components:
+        measured["components"] = components_figures(components)
+        written = time.gmtime((out / "components-memory.json").stat().st_mtime)
+        measured["sources"]["components_memory"] = components.get("date") or time.strftime("%Y-%m-%d", written)
+    return measured
+
+
+def crawl_requests(crawl: dict) -> dict:
+    """Per-task request figures of the crawl-structure run with the most inputs, as the model applies
+    them: what a task makes per unit of its fan-in, and what it makes besides."""
+    factors = sorted(crawl["results"], key=int)
+    big, small = crawl["results"][factors[-1]], crawl["results"][factors[0]]
+    stages, config = big["stages"], big["config"]
+    n, n_small = big["inputs"], small["inputs"]
+    groups = min(n, config["group_objects"])
+    combine = stages["combine"]
+    group_inputs = sum(combine["inputs_per_group"]) / 2
+    key_reads = combine["families"].get("work/minhash/keys/*/", 0) / combine["tasks"]
+    dedup = stages["dedup"]
+    object_reads = dedup["families"].get("work/dedup/combined/*/", 0) / dedup["tasks"]
+    comps = stages["components"]
+    rounds = {int(r): v for r, v in comps["per_round"].items()}
+    tasks = config["components_tasks"]
+    partitions = dedup["tasks"]
+    keys = big["objects"].get("work/minhash/keys/*/", [0, 0])
+    graph = big["graph"]
+
+    # A pod's own requests (outside its tasks): opening the run (a constant), a HEAD of each of its
+    # tasks' markers (two for an input), and for combine and shards a HEAD of every input's marker of
+    # the stage before (runner._require_inputs_done, run_shards): the constant from the dedup pods,
+    # the per-input part from combine's and shards' (the bench's pods each ran tasks / pods tasks).
+    def own(stage: str) -> float:
+        return stages[stage]["pod_own_max"] - math.ceil(stages[stage]["tasks"] / stages[stage]["pods"])
+
+    sets = dict(item.split("=", 1) for item in big.get("sets", []))
+    per_partition = int(sets.get("shards.inputs_per_partition", 1))
     return {
-        "input": bench["input"], "phases": phases,
-        "dedup": {"records": dedup["records"], "docs_into_global_dedup": dedup["docs_into_global_dedup"],
-                  "edges": dedup["edges"], "removed": dedup["removed_across_inputs"],
-                  "clusters": dedup["clusters"]},
-        "totals": {k: bench["totals"][k] for k in ("kept_docs", "output_tokens", "kept_text_bytes")
-                   if k in bench["totals"]},
-        "vocab_size": (bench.get("tokenizer") or {}).get("vocab_size"),
-        "output_files": {k: (v["bytes"], v["files"]) for k, v in bench["output_files"].items()},
-        "output_wet_bytes": bench["input"]["wet_bytes"], "task_rss": task_rss, "flat_slopes": slopes,
-        "flat_dedup": flat_dedup,
-        "config": {"partitions_per_band": minhash.get("partitions_per_band", 1),
-                   "cluster_tasks": minhash.get("cluster_tasks", 1), "num_perm": minhash.get("num_perm", 128),
-                   "shard_tokens": shards.get("shard_tokens", 50_000_000),
-                   "inputs_per_partition": shards.get("inputs_per_partition", 1),
-                   "sample_bytes": tokenizer.get("sample_bytes", 64 << 20)},
-        "tokenizer_sample_bytes": (bench.get("tokenizer") or {}).get("sample_bytes") or 64 << 20,
-        "partitions": bench["output_files"]["edges"]["files"], "date": raw.get("date"),
-    }, False
+        "date": crawl["date"], "inputs": n, "factors": [int(f) for f in factors],
+        "inputs_task": stages["inputs"]["per_task_mean"],
+        "combine_per_group_input": key_reads / group_inputs, "combine_task": combine["per_task_mean"] - key_reads,
+        "dedup_per_object": object_reads / groups, "dedup_task": dedup["per_task_mean"] - object_reads,
+        "dedup_groups": groups,
+        # components: round 0 per edge file; a star round 4 x tasks (objects in and out, the markers of the
+        # round before: a HEAD and a GET each); an idle round 2 x tasks; the constant parts measured
+        "components_round0_per_edge_file": rounds[0]["mean"] / max(partitions / tasks, 1),
+        "components_star_extra": max(0.0, comps["star_rounds_per_task_mean"] - 4 * tasks),
+        "components_rounds": comps["rounds"], "components_tasks": tasks,
+        "tokenize_task": stages["tokenize"]["per_task_mean"],
+        "shards_per_input": stages["shards"]["per_task_mean"] / per_partition, "inputs_per_partition": per_partition,
+        "tokenizer": stages["tokenizer"]["requests"],
+        "report_per_input": (stages["report"]["requests"] - small["stages"]["report"]["requests"]) / (n - n_small),
+        "pod_base": own("dedup"),
+        "combine_pod_per_input": max(0.0, (own("combine") - own("dedup")) / n),
+        "shards_pod_per_input": max(0.0, (own("shards") - own("dedup")) / n),
+        "busiest_share": {s: stages[s]["busiest_share"] for s in stages},
+        "busiest_prefix": {s: stages[s]["busiest_prefix"] for s in stages},
+        "key_bytes_per_doc": keys[1] / max(graph["docs_into_dedup"], 1),
+        "edges_per_doc": graph["edges"] / max(graph["docs_into_dedup"], 1),
+        "records_per_doc": graph["round1_records"] / max(graph["docs_into_dedup"], 1),
+        "identical": all(r["identical"] for r in crawl["results"].values()),
+    }
+
+
+def components_figures(figures: dict) -> dict:
+    """A components task's peak RSS per record it holds (the largest task less the interpreter, over
+    its records) and CPU per record per round, from bench/components_memory.py."""
+    held = max((max(r for r in round_["records"] if r is not None) for round_ in figures["rounds"]
+                if any(r is not None for r in round_["records"])), default=0)
+    records = sum(sum(r or 0 for r in round_["records"]) for round_ in figures["rounds"])
+    return {"bytes_per_record": (figures["largest_task_peak_rss"] - figures["interpreter_peak_rss"]) / max(held, 1),
+            "interpreter": figures["interpreter_peak_rss"], "edges": figures["edges"], "nodes": figures["nodes"],
+            "tasks": figures["tasks"], "largest": figures["largest_task_peak_rss"], "held": held,
+            "rounds": figures["summary"]["components_rounds"],
+            "cpu_per_record_round": figures["rounds_seconds"] / max(records, 1)}
+
+
+# ------------------------------------------------------------------ the model
 
 
 def human(n: float, unit: str = "") -> str:
@@ -158,6 +188,174 @@ def human(n: float, unit: str = "") -> str:
         if abs(n) >= scale:
             return f"{n / scale:.1f} {suffix}{unit}".strip()
     return f"{n:.0f} {unit}".strip()
+
+
+def puts(size: float) -> float:
+    """Requests to write one object of `size` bytes."""
+    return 1 if size <= PART else math.ceil(size / PART) + 2
+
+
+def key_row_bytes(bands: int, num_perm: int) -> int:
+    """A document's bytes in its input's key file (and again in the combined objects): a (doc id, key,
+    row) triple in each of the bands + 2 key columns' sections, and its signature in each band's."""
+    return (bands + 2) * 24 + bands * 4 * num_perm
+
+
+def code_counts(n_inputs: int, input_bytes: float) -> dict:
+    """The counts the code chooses for `n_inputs` inputs of `input_bytes` each (dedup_plan.choose_counts
+    without the list), with the defaults of MinHashConfig."""
+    from lmforge.dataprep.config import MinHashConfig
+    from lmforge.dataprep.dedup_plan import choose_combine_partitions, choose_partitions_per_band, input_groups
+    from lmforge.dataprep.minhash import lsh_params
+
+    config = MinHashConfig()
+    bands, rows = lsh_params(config)
+    groups = input_groups(n_inputs, config.group_objects)
+    largest_group = max(len(g) for g in groups) * input_bytes
+    ppb = choose_partitions_per_band(config, bands, n_inputs * input_bytes)
+    partitions = (bands + 2) * ppb
+    combine = choose_combine_partitions(config, bands, ppb, partitions, largest_group)
+    return {"bands": bands, "rows": rows, "num_perm": config.num_perm, "ppb": ppb, "partitions": partitions,
+            "combine_partitions": combine, "ranges": math.ceil(partitions / combine), "groups": len(groups),
+            "group_inputs": max(len(g) for g in groups), "max_rounds": 16}
+
+
+def model(m: dict, wet_tb: float, pods: int, input_files: int, components_tasks: int | None = None) -> dict:
+    """Every stage at one crawl size: tasks, CPU, requests, the busiest prefix, memory, wall time."""
+    req, rss, cpu_m = m["requests"], m["rss"], m["cpu"]
+    n = input_files
+    wet = wet_tb * 1e12
+    docs = wet_tb * CRAWL_DOCS_PER_TB
+    counts = code_counts(n, wet / n)
+    dedup_docs = docs * m["corpus"]["dedup_share"]
+    per_mb = {k: v / (cpu_m["wet_bytes"] / 1e6) for k, v in cpu_m["seconds"].items()}
+    wet_mb = wet / 1e6 * cpu_m["wet_bytes"] / cpu_m["gz_bytes"]  # the crawl's WET uncompressed, as the bench's CPU is
+    request_cpu = m["request_cpu"]
+    bands, num_perm = counts["bands"], counts["num_perm"]
+    key_bytes = dedup_docs * key_row_bytes(bands, num_perm)
+    G, D = counts["groups"], counts["partitions"]
+    comp = m.get("components") or {}
+    records = dedup_docs * req["records_per_doc"]
+
+    def components_rss(tasks: int) -> float:
+        return rss["components"] + comp.get("bytes_per_record", 70.0) * records / tasks
+
+    T = components_tasks or next((t for t in _grid(1_000_000) if components_rss(t) <= MAX_TASK_RSS), 1_000_000)
+    rounds = max(req["components_rounds"], comp.get("rounds", 0))  # the deeper graph's, where measured
+    stages: dict[str, dict] = {}
+
+    def stage(name: str, tasks: int, cpu: float, requests: float, per_task: float, pod_own: float,
+              prefixes: list[tuple], memory: float, grows: str, latency: float | None = None,
+              rounds_run: int = 1) -> None:
+        """One stage: its tasks' CPU (plus their requests' client CPU), requests (per task and the pods'
+        own, each paid before the pod's first task of a round), the prefixes it loads most ((GET-class
+        requests, PUTs, name[, the seconds they take: the whole stage's by default])) and its largest
+        task's memory. A task's latency is
+        per_task x 20 ms unless given; its tasks run in waves over min(pods, tasks) pods."""
+        cpu += request_cpu * requests
+        task_seconds = cpu / tasks + (per_task * REQUEST_LATENCY if latency is None else latency)
+        wall = rounds_run * pod_own * REQUEST_LATENCY + task_seconds * math.ceil(tasks / min(pods, tasks))
+        loads = []
+        for g, p, prefix, *seconds in prefixes:
+            span = max(seconds[0] if seconds else wall, 1e-9)
+            # a burst shorter than SUSTAINED: S3 answers SlowDown and the retries spread it over that long
+            loads.append((max(g / S3_PREFIX_GETS, p / S3_PREFIX_PUTS) / max(span, SUSTAINED), (g + p) / span, prefix))
+        load, rate, prefix = max(loads)
+        stages[name] = {"tasks": tasks, "cpu_hours": cpu / 3600, "requests": requests, "per_task": per_task,
+                        "pod_own": pod_own, "wall_hours": wall / 3600,
+                        "pod_hours": rounds_run * pod_own * REQUEST_LATENCY / 3600, "memory": memory, "grows": grows,
+                        "prefix": prefix, "prefix_rate": rate, "prefix_load": load}
+
+    # inputs: one per WET file; writes its docs, key file (its signature in every band section), rejects
+    per_input = wet / n
+    docs_object = per_input * m["corpus"]["bytes_per_wet_byte"]["docs"] * cpu_m["wet_bytes"] / cpu_m["gz_bytes"]
+    key_object = key_bytes / n
+    inputs_task = req["inputs_task"] + (puts(docs_object) - 1) + (puts(key_object) - 1)
+    pod_inputs = req["pod_base"] + 2 * math.ceil(n / pods)
+    stage("inputs", n, per_mb["inputs"] * wet_mb, n * inputs_task + min(pods, n) * pod_inputs, inputs_task,
+          pod_inputs, [(n, n * puts(docs_object), "work/docs/"), (n, n, "work/done/"),
+                       (0, n * puts(key_object) / HASH_DIRS, "work/minhash/keys/XX/")],
+          rss["inputs"], "flat (one input)")
+
+    # combine: G groups x ranges; two ranged reads per input of its group, one object per task; every
+    # pod first HEADs every input's marker (runner._require_inputs_done)
+    combine_tasks = G * counts["ranges"]
+    combined_object = key_bytes / combine_tasks
+    reads = req["combine_per_group_input"] * counts["group_inputs"]
+    combine_task = reads + req["combine_task"] + puts(combined_object) - 1
+    combine_pods = min(pods, combine_tasks)
+    pod_combine = req["pod_base"] + math.ceil(combine_tasks / combine_pods) + req["combine_pod_per_input"] * n
+    stage("combine", combine_tasks, key_bytes * 2 / 1e9, combine_tasks * combine_task + combine_pods * pod_combine,
+          combine_task, pod_combine,
+          [(combine_pods * req["combine_pod_per_input"] * n, 0, "work/done/", pod_combine * REQUEST_LATENCY),
+           (combine_tasks * reads / HASH_DIRS, combine_tasks * puts(combined_object) / HASH_DIRS,
+            "work/minhash/keys/XX/")],
+          rss["combine"] + combined_object, f"its object, {human(combined_object, 'B')}",
+          latency=combine_task * REQUEST_LATENCY / THREADS)
+
+    # dedup: two reads per group object, and in a band partition signature reads per object: its
+    # candidates' rows are dense enough at this size that they coalesce into one read per MiB
+    docs_per_partition = dedup_docs / counts["ppb"]
+    sig_section = docs_per_partition / G * 4 * num_perm
+    sig_reads = math.ceil(sig_section / MIB)
+    dedup_task = 2 * G + sig_reads * G * bands / (bands + 2) + req["dedup_task"]
+    dedup_memory = rss["dedup"] + docs_per_partition * 80 + 0.25 * docs_per_partition * 4 * num_perm
+    pod_dedup = req["pod_base"] + math.ceil(D / min(pods, D))
+    stage("dedup", D, per_mb["dedup"] * wet_mb, D * dedup_task + min(pods, D) * pod_dedup, dedup_task, pod_dedup,
+          [(D * dedup_task / HASH_DIRS, D / HASH_DIRS, "work/dedup/combined/XX/")], dedup_memory,
+          f"{human(docs_per_partition)} docs per partition x 80 B + a quarter's signatures",
+          latency=dedup_task * REQUEST_LATENCY / THREADS)
+
+    # components: round 0 reads its share of the edge files; a star round reads and writes an object per
+    # task (THREADS at a time) and reads the round before's T markers one by one (a HEAD and a GET each);
+    # the chart runs components.max_rounds rounds, those after the labels settled idle (the markers only)
+    star, idle = rounds - 1, counts["max_rounds"] - rounds
+    edge_files = D / T
+    round0 = req["components_round0_per_edge_file"] * edge_files + T
+    removed = n / T
+    comp_task = round0 + star * (4 * T + req["components_star_extra"]) + idle * (2 * T + 3) + removed
+    comp_latency = (round0 / THREADS + star * (2 * T / THREADS + 2 * T) + idle * 2 * T + removed) * REQUEST_LATENCY
+    comp_cpu = comp.get("cpu_per_record_round", 1e-6) * records * rounds
+    markers = T * 2 * T * (counts["max_rounds"] - 1)  # on one prefix per round (round-NNN/), not hashed
+    stage("components", T, comp_cpu, T * comp_task, comp_task, req["pod_base"] + math.ceil(T / min(pods, T)),
+          [(markers, 0, "work/dedup/components/round-NNN/", (counts["max_rounds"] - 1) * 2 * T * REQUEST_LATENCY),
+           (0, n, "work/dedup/removed/"),
+           (T * T * star / HASH_DIRS, T * T * rounds / HASH_DIRS, "work/dedup/components/XX/")],
+          components_rss(T), f"{human(records)} records / {T:,} tasks x {comp.get('bytes_per_record', 70.0):.0f} B",
+          latency=comp_latency, rounds_run=counts["max_rounds"])
+
+    share = req["busiest_share"]
+    stage("tokenizer", 1, cpu_m["seconds"]["tokenizer"], req["tokenizer"] + T, req["tokenizer"] + T, 0,
+          [(req["tokenizer"] * share["tokenizer"], 0, req["busiest_prefix"]["tokenizer"])], rss["tokenizer"],
+          "flat (its sample)")
+    tokenize_task = req["tokenize_task"] + 2 * (puts(docs_object) - 1)
+    pod_tokenize = req["pod_base"] + math.ceil(n / min(pods, n))
+    stage("tokenize", n, per_mb["tokenize"] * wet_mb, n * tokenize_task + min(pods, n) * pod_tokenize,
+          tokenize_task, pod_tokenize, [(n, n, "work/done/"), (0, n * puts(docs_object), "work/tokens/")],
+          rss["tokenize"], "flat (one input)")
+    # shards: shards.inputs_per_partition inputs per task, as the bench ran it; every pod first HEADs every
+    # input's tokenize marker (runner.run_shards)
+    shard_tasks = math.ceil(n / req["inputs_per_partition"])
+    shard_pods = min(pods, shard_tasks)
+    shards_task = req["shards_per_input"] * req["inputs_per_partition"]
+    pod_shards = req["pod_base"] + math.ceil(shard_tasks / shard_pods) + req["shards_pod_per_input"] * n
+    stage("shards", shard_tasks, per_mb["shards"] * wet_mb, shard_tasks * shards_task + shard_pods * pod_shards,
+          shards_task, pod_shards,
+          [(shard_pods * req["shards_pod_per_input"] * n, 0, "work/done/", pod_shards * REQUEST_LATENCY)],
+          rss["shards"], f"flat ({req['inputs_per_partition']} inputs per task)")
+    report_requests = req["report_per_input"] * n
+    report_rss = rss["report"] + m["report"]["rss_per_input"] * n
+    stage("report", 1, m["report"]["cpu_per_input"] * n, report_requests, report_requests, 0,
+          [(report_requests * share["report"], 0, req["busiest_prefix"]["report"])], report_rss,
+          "flat" if not m["report"]["rss_per_input"] else f"{m['report']['rss_per_input']:.0f} B per input")
+
+    cpu = sum(s["cpu_hours"] for s in stages.values())
+    wall = sum(s["wall_hours"] for s in stages.values())
+    return {"wet_tb": wet_tb, "pods": pods, "inputs": n, "docs": docs, "dedup_docs": dedup_docs, "counts": counts,
+            "key_bytes": key_bytes, "records": records, "stages": stages, "cpu_hours": cpu, "wall_hours": wall,
+            "components_tasks": T,
+            "dedup_components_requests": stages["dedup"]["requests"] + stages["components"]["requests"],
+            "combine_requests": stages["combine"]["requests"]}
 
 
 def _grid(top: int) -> list[int]:
@@ -170,408 +368,131 @@ def _grid(top: int) -> list[int]:
     return out
 
 
-class Crawl:
-    """The measured run scaled to one crawl size: documents, duplicates, files."""
-
-    def __init__(self, m: dict, wet_tb: float, docs: float, input_files: float):
-        self.m, self.wet_tb, self.inputs = m, wet_tb, max(int(round(input_files)), 1)
-        self.wet_mb = wet_tb * 1e6
-        self.bench_mb = m["input"]["wet_bytes"] / 1e6
-        per_doc = docs / m["input"]["records"]
-        d = m["dedup"]
-        self.n = d["docs_into_global_dedup"] * per_doc  # documents in the key files
-        self.edges = d["edges"] * per_doc
-        removed = sum(d["removed"].values())
-        self.removed = removed * per_doc
-        self.dup_docs = (removed + d["clusters"]) * per_doc  # documents with a duplicate: the forests' nodes
-        # LSH band edges: all but the exact ones (about one URL or content edge per document removed as
-        # such; an exact copy also collides in every band, so it counts among the near edges too)
-        exact = sum(v for k, v in d["removed"].items() if k != "near_duplicate")
-        self.near_edges = max(self.edges - exact * per_doc, 0.0)
-        self.kept = m["totals"]["kept_docs"] * per_doc
-        self.tokens = m["totals"]["output_tokens"] * self.wet_mb / self.bench_mb
-        cfg = m["config"]
-        self.bands = m["partitions"] // max(cfg["partitions_per_band"], 1) - 2
-        self.row_bytes = 4 * cfg["num_perm"]  # a signature row: num_perm uint32
-
-    def scaled(self, kind: str) -> tuple[float, float]:
-        """(bytes, files) of a kind of output file at this crawl size, per-input kinds one per input."""
-        nbytes, nfiles = self.m["output_files"][kind]
-        total = nbytes * self.wet_mb * 1e6 / self.m["output_wet_bytes"]
-        per_input = nfiles / self.m["input"]["files"]
-        return total, max(per_input * self.inputs, 1)
-
-    # ---- dedup: one partitions_per_band setting
-    def dedup(self, ppb: int) -> dict:
-        parts = (self.bands + 2) * ppb
-        candidates = 2 * self.near_edges / max(self.bands * ppb, 1)  # signature rows one near task reads
-        hit = 1 - math.exp(-candidates / self.inputs)  # share of inputs with a candidate in a near task
-        base = self.m["task_rss"].get("dedup", 0)
-        memory = {"keys": DEDUP_BYTES_PER_ENTRY * self.n / ppb,
-                  "inputs": self.inputs * (FUTURE_BYTES + SECTION_OBJECT_BYTES),
-                  "signatures": candidates * (self.row_bytes + ROW_OBJECT_BYTES + FUTURE_BYTES)}
-        key_requests = 3 * self.inputs  # per task and input: a HEAD (store.exists), its offsets, its section
-        near_gets = key_requests + candidates + 2 * self.inputs * hit
-        gets = self.bands * ppb * near_gets + 2 * ppb * key_requests
-        key_bytes = 24 * self.n * (self.bands + 2) + 16 * parts * self.inputs
-        sig_bytes = self.bands * ppb * (candidates * self.row_bytes + 128 * self.inputs * hit)
-        return {"ppb": ppb, "tasks": parts, "rss": base + sum(memory.values()), "memory": memory,
-                "near_task_gets": near_gets, "gets": gets, "key_bytes": key_bytes, "sig_bytes": sig_bytes,
-                "key_gets": parts * key_requests, "sig_gets": self.bands * ppb * (candidates + 2 * self.inputs * hit),
-                "candidates": candidates, "hit": hit}
-
-    def best_dedup(self) -> tuple[dict, bool]:
-        """The smallest partitions_per_band whose largest dedup task is under the budget, else the one
-        with the least memory (False: none fits)."""
-        tried = [self.dedup(p) for p in _grid(100_000)]
-        fits = [d for d in tried if d["rss"] <= MAX_TASK_RSS]
-        return (fits[0], True) if fits else (min(tried, key=lambda d: d["rss"]), False)
-
-    # ---- cluster: one cluster_tasks setting
-    def cluster(self, tasks: int, partitions: int) -> dict:
-        tasks = min(tasks, partitions)
-        rows = min(tasks * self.dup_docs, 2 * self.edges)  # forest rows: a node once per task it has edges in
-        base = self.m["task_rss"].get("cluster", 0)
-        return {"tasks": tasks, "task_rss": base + CLUSTER_BYTES_PER_EDGE * self.edges / tasks,
-                "merge_rss": base + MERGE_BYTES_PER_ROW * rows, "rows": rows}
-
-    def cluster_tasks_alone(self, partitions: int) -> dict:
-        """The fewest cluster tasks that keep each under the budget, ignoring the merge."""
-        base = self.m["task_rss"].get("cluster", 0)
-        need = math.ceil(CLUSTER_BYTES_PER_EDGE * self.edges / max(MAX_TASK_RSS - base, 1))
-        return self.cluster(max(need, 1), max(partitions, need))
-
-    def best_cluster(self, partitions: int) -> tuple[dict, bool]:
-        tried = [self.cluster(c, partitions) for c in _grid(partitions) + [partitions]]
-        fits = [c for c in tried if max(c["task_rss"], c["merge_rss"]) <= MAX_TASK_RSS]
-        best = min(tried, key=lambda c: max(c["task_rss"], c["merge_rss"]))
-        return (fits[0], True) if fits else (best, False)
+def goals(r: dict) -> list[tuple[str, bool, str]]:
+    """Issue 31's goal at one size: (what, holds, the figure)."""
+    largest = max(r["stages"].items(), key=lambda item: item[1]["memory"])
+    busiest = max(r["stages"].items(), key=lambda item: item[1]["prefix_load"])
+    bound = 2 * r["cpu_hours"] / r["pods"]
+    return [
+        ("no task above 1.5 GB", largest[1]["memory"] <= MAX_TASK_RSS,
+         f"largest: {largest[0]}, {human(largest[1]['memory'], 'B')}"),
+        ("no prefix above S3's rates (3,500 PUT/s, 5,500 GET/s)", busiest[1]["prefix_load"] <= 1,
+         f"busiest: {busiest[0]}'s `{busiest[1]['prefix']}` at {busiest[1]['prefix_load']:.0%} of its rate"),
+        ("dedup + components requests ≤ 1e9", r["dedup_components_requests"] <= GOAL_REQUESTS,
+         f"{human(r['dedup_components_requests'])} (with combine's {human(r['combine_requests'])}: "
+         f"{human(r['dedup_components_requests'] + r['combine_requests'])}, "
+         f"${(r['dedup_components_requests'] + r['combine_requests']) * GET_DOLLARS:,.0f} at GET prices)"),
+        ("wall time within 2x of CPU-hours / pods", r["wall_hours"] <= bound,
+         f"{r['wall_hours']:,.1f} h against {bound:,.1f} h; of it, the pods' own requests before their first task "
+         f"{sum(s['pod_hours'] for s in r['stages'].values()):,.1f} h and the one-task stages "
+         f"{sum(s['wall_hours'] for s in r['stages'].values() if s['tasks'] == 1):,.1f} h"),
+    ]
 
 
-def request_cpu(m: dict) -> tuple[float, bool]:
-    """CPU seconds per S3 request of a dedup task, and whether measured: the flatness runs' dedup
-    tasks (over S3, at 1x and 4x the input) less the local run's dedup CPU for the extra WET, over
-    the extra requests this model counts for them."""
-    fd = m.get("flat_dedup")
-    if not fd or not fd.get("base_wet_mb") or not fd.get("files_at_1x"):
-        return REQUEST_CPU_SECONDS, False
-    bench_mb = m["input"]["wet_bytes"] / 1e6
+def limits(m: dict, pods: int) -> list[dict]:
+    """What gives way first as the crawl grows (files in proportion): the size at which each stage's
+    largest task passes 1.5 GB or its busiest prefix S3's rate, and the request and wall goals."""
+    def at(tb: float) -> dict:
+        return model(m, tb, pods, max(1, round(tb * 1e12 / CRAWL_FILE_BYTES)))
 
-    def requests(f: float) -> float:
-        mb = f * fd["base_wet_mb"]
-        d = Crawl(m, mb / 1e6, m["input"]["records"] * mb / bench_mb, fd["files_at_1x"] * f).dedup(
-            m["config"]["partitions_per_band"])
-        return d["gets"] + 2 * d["tasks"]  # and per task: its edges' HEAD and PUT
-
-    (f0, f1), (c0, c1) = (fd["factors"][0], fd["factors"][-1]), (fd["cpu_seconds"][0], fd["cpu_seconds"][-1])
-    compute = m["phases"].get("dedup", 0.0) / bench_mb * (f1 - f0) * fd["base_wet_mb"]
-    extra = requests(f1) - requests(f0)
-    if extra <= 0 or c1 - c0 - compute <= 0:
-        return REQUEST_CPU_SECONDS, False
-    return (c1 - c0 - compute) / extra, True
-
-
-def model(m: dict, wet_tb: float, docs: float, pods: int, input_files: float, trainer: dict) -> dict:
-    c = Crawl(m, wet_tb, docs, input_files)
-    inputs = c.inputs
-    dd, dedup_fits = c.best_dedup()
-    cl, cluster_fits = c.best_cluster(dd["tasks"])
-    cfg = m["config"]
-    shard_parts = math.ceil(inputs / cfg["inputs_per_partition"])
-    phases = m["phases"]
-    slopes = m.get("flat_slopes") or {}
-    # cluster and merge CPU: the flatness cluster task's CPU per WET MB (both together), shared by items
-    # (edges for the tasks, forest rows for the merge); else an assumed cost per edge
-    bench_c = Crawl(m, m["input"]["wet_bytes"] / 1e12, m["input"]["records"], m["input"]["files"])
-    cluster_assumed = "cluster" not in slopes
-    bench_cluster_cpu = (bench_c.edges * CLUSTER_SECONDS_PER_EDGE if cluster_assumed
-                         else slopes["cluster"] * c.bench_mb)
-    per_item = bench_cluster_cpu / max(bench_c.edges + bench_c.dup_docs, 1)
-    scale = c.wet_mb / c.bench_mb
-    cpu = {"inputs": phases.get("inputs", 0.0) * scale,
-           # the 1-worker run times cluster and merge as part of "dedup" (runner.run_cluster)
-           "dedup": max(phases.get("dedup", 0.0) - bench_cluster_cpu, 0.0) * scale,
-           "cluster": per_item * c.edges, "merge": per_item * cl["rows"],
-           "tokenizer": phases.get("tokenizer", 0.0) * cfg["sample_bytes"] / max(m["tokenizer_sample_bytes"], 1),
-           "tokenize": phases.get("tokenize", 0.0) * scale, "shards": phases.get("shards", 0.0) * scale,
-           "report": slopes.get("report", 0.0) * inputs}
-    # a dedup task's requests cost client CPU too (the local run reads no S3): measured per request
-    per_request, request_cpu_measured = request_cpu(m)
-    dedup_request_cpu = per_request * (dd["gets"] + 2 * dd["tasks"])
-    cpu["dedup"] += dedup_request_cpu
-    tasks = {"inputs": inputs, "dedup": dd["tasks"], "cluster": cl["tasks"], "merge": 1, "tokenizer": 1,
-             "tokenize": inputs, "shards": shard_parts, "report": 1}
-
-    files = {k: c.scaled(k) for k in m["output_files"]}
-    for kind in ("tokenizer", "report"):  # sized by the vocabulary and the report's fixed sections
-        files[kind] = m["output_files"][kind]
-    shards_per_part = 1 + math.ceil(c.tokens / shard_parts / cfg["shard_tokens"])  # ≥ one val, train by size
-    n_shards = shard_parts * shards_per_part
-    shard_bytes = files["shards"][0]
-    blocks = shard_bytes / BLOCK + n_shards  # a shard's last block is partial
-    manifest_bytes = n_shards * MANIFEST_ENTRY_JSON + blocks * MANIFEST_BLOCK_JSON + inputs * MANIFEST_INPUT_JSON
-    manifest_parsed = n_shards * MANIFEST_ENTRY_BYTES + blocks * MANIFEST_BLOCK_BYTES
-    files["shards"] = (shard_bytes, 2 * n_shards)
-    files["lineage"] = (files["lineage"][0], n_shards)
-    files["manifest"] = (manifest_bytes, 1)
-    files["edges"] = (24 * c.edges, dd["tasks"])
-    files["forest"] = (FOREST_BYTES_PER_ROW * cl["rows"], cl["tasks"])
-
-    def whole(kind: str, times: float = 1.0, unit: int = PART) -> tuple[float, float]:
-        total, count = files[kind]
-        return total * times, count * times * max(1, math.ceil(total / count / unit))
-
-    def put(kind: str) -> tuple[float, float]:
-        total, count = files[kind]
-        b, r = whole(kind)
-        return b, r + (2 * count if total / count > PART else 0)  # multipart create + complete
-
-    bench_docs = m["output_files"]["docs"][0]  # the docs Parquet per byte of kept text (compressed)
-    docs_per_text = bench_docs / max(m["totals"].get("kept_text_bytes") or bench_docs, 1)
-    sample_read = cfg["sample_bytes"] * docs_per_text + files["docs"][0] / inputs  # the sample, then one input
-    wet_part = max(1, math.ceil(files["wet_input"][0] / inputs / PART))
-    # phase -> requests by prefix: (prefix, GET bytes, GETs, PUT bytes, PUTs)
-    io = {
-        "inputs": [("WET files", files["wet_input"][0], inputs * wet_part, 0, 0),
-                   *((prefix, 0, 0, *put(k)) for k, prefix in (
-                       ("docs", "work/docs/"), ("dedup_keys", "work/minhash/keys/"), ("signatures", "work/minhash/"),
-                       ("filter_rejects", "rejects/"), ("small", "work/stats/, work/done/")))],
-        "dedup": [("work/minhash/keys/", dd["key_bytes"], dd["key_gets"], 0, 0),
-                  ("work/minhash/ (signatures)", dd["sig_bytes"], dd["sig_gets"], 0, 0),
-                  ("work/dedup/", 0, 0, *put("edges"))],
-        "cluster": [("work/dedup/", *whole("edges"), *put("forest"))],
-        "merge": [("work/dedup/", *whole("forest"), 0, 0), ("work/dedup/removed/", 0, 0, *put("removed"))],
-        "tokenizer": [("work/docs/", sample_read, sample_read / RANGE + 2, *put("tokenizer"))],
-        "tokenize": [("work/docs/", *whole("docs", unit=RANGE), 0, 0), ("work/dedup/removed/", *whole("removed"), 0, 0),
-                     ("tokenizer.json", files["tokenizer"][0] * inputs, inputs, 0, 0),
-                     ("work/tokens/", 0, 0, *(a + b for a, b in zip(put("tokens"), put("token_index")))),
-                     ("rejects/", 0, 0, *put("dedup_rejects"))],
-        "shards": [("work/tokens/", *(a + b for a, b in zip(whole("tokens"), whole("token_index"))), 0, 0),
-                   ("shards/", 0, 0, *put("shards")), ("lineage/", 0, 0, *put("lineage")),
-                   ("work/shards/", 0, 0, shard_parts * 1e3, shard_parts)],
-        "report": [("work/stats/", files["small"][0] / 2, 2 * inputs, 0, 0),
-                   ("work/tokens/", *whole("token_index", unit=RANGE), 0, 0),
-                   ("work/shards/", 2 * shard_parts * 1e3, 2 * shard_parts, 0, 0),
-                   ("outputs", 0, 0, *(a + b for a, b in zip(put("manifest"), put("report"))))],
-    }
-    rows, s3 = [], []
-    for name in PHASES:
-        parts = io[name]
-        get_b, get_r = sum(x[1] for x in parts), sum(x[2] for x in parts)
-        put_b, put_r = sum(x[3] for x in parts), sum(x[4] for x in parts)
-        n = tasks[name]
-        # a task's requests in sequence, a dedup task's reads READ_THREADS at a time: their waits
-        # overlap their client CPU, so a dedup task takes its other CPU plus the longer of the two
-        request_seconds = (get_r / (READ_THREADS if name == "dedup" else 1) + put_r) * REQUEST_LATENCY
-        if name == "dedup":
-            task_seconds = (cpu[name] - dedup_request_cpu + max(dedup_request_cpu, request_seconds)) / n
+    metrics = []
+    for name in STAGES:
+        metrics.append((f"{name} memory", f"the largest {name} task passes 1.5 GB",
+                        lambda r, s=name: r["stages"][s]["memory"] / MAX_TASK_RSS - 1))
+        metrics.append((f"{name} prefix rate", f"the {name} stage's busiest prefix passes S3's per-prefix rate",
+                        lambda r, s=name: r["stages"][s]["prefix_load"] - 1))
+    metrics += [("dedup + components requests", "dedup and components make more than 1e9 requests",
+                 lambda r: r["dedup_components_requests"] / GOAL_REQUESTS - 1),
+                ("combine + dedup + components requests", "the shuffle, dedup and components together make more "
+                 "than 1e9 requests", lambda r: (r["dedup_components_requests"] + r["combine_requests"]) / GOAL_REQUESTS
+                 - 1)]
+    rows = []
+    for name, what, metric in metrics:
+        lo, hi = math.log(1e-2), math.log(1e4)
+        if metric(at(math.exp(lo))) > 0:
+            size = None
+        elif metric(at(math.exp(hi))) <= 0:
+            size = math.inf
         else:
-            task_seconds = (cpu[name] + request_seconds) / n
-        wall = task_seconds * n / min(pods, n)
-        rows.append({"phase": name, "tasks": n, "cpu_hours": cpu[name] / 3600,
-                     "request_hours": request_seconds / 3600, "wall_hours": wall / 3600,
-                     "task_seconds": task_seconds,
-                     "request_cpu_hours": (dedup_request_cpu if name == "dedup" else 0.0) / 3600,
-                     "per_core_mb_s": c.bench_mb / phases[name] if phases.get(name) and name in
-                     ("inputs", "tokenize", "shards") else None,
-                     "assumed": name in ("cluster", "merge") and cluster_assumed})
-        # the busiest prefix: its GETs and PUTs per second against S3's per-prefix rates
-        load_of = [(max(x[2] / S3_PREFIX_GETS, x[4] / S3_PREFIX_PUTS) / max(wall, 1e-9), x[0]) for x in parts]
-        busiest, prefix = max(load_of)
-        s3.append({"phase": name, "put_bytes": put_b, "put_requests": put_r, "get_bytes": get_b,
-                   "get_requests": get_r, "requests_per_second": (get_r + put_r) / max(wall, 1e-9),
-                   "short": wall < 60, "prefix_load": busiest, "prefix": prefix})
-
-    rss = m["task_rss"]
-    memory = [
-        {"phase": "inputs", "at_scale": rss.get("inputs", 0), "grows_with": "flat (one input per task)"},
-        {"phase": "dedup", "at_scale": dd["rss"],
-         "grows_with": f"{human(c.n)} docs / {dd['ppb']:,} per band x {DEDUP_BYTES_PER_ENTRY} B "
-                       f"({human(dd['memory']['keys'], 'B')}); {inputs:,} inputs' reads and sections x "
-                       f"{(FUTURE_BYTES + SECTION_OBJECT_BYTES) / 1e3:.1f} kB ({human(dd['memory']['inputs'], 'B')}); "
-                       f"{human(dd['candidates'])} candidates' signature rows x "
-                       f"{(c.row_bytes + ROW_OBJECT_BYTES + FUTURE_BYTES) / 1e3:.1f} kB "
-                       f"({human(dd['memory']['signatures'], 'B')})"},
-        {"phase": "cluster", "at_scale": cl["task_rss"],
-         "grows_with": f"{human(c.edges)} edges / {cl['tasks']:,} tasks x {CLUSTER_BYTES_PER_EDGE} B"},
-        {"phase": "merge", "at_scale": cl["merge_rss"],
-         "grows_with": f"{human(cl['rows'])} forest rows ({human(c.dup_docs)} docs with a duplicate, once per "
-                       f"cluster task holding one of their edges) x {MERGE_BYTES_PER_ROW} B"},
-        {"phase": "tokenizer", "at_scale": rss.get("tokenizer", 0),
-         "grows_with": f"flat (the {human(cfg['sample_bytes'], 'B')} sample and one input)"},
-        {"phase": "tokenize", "at_scale": rss.get("tokenize", 0), "grows_with": "flat (one input, its removed ids)"},
-        {"phase": "shards", "at_scale": rss.get("shards", 0),
-         "grows_with": f"flat ({cfg['inputs_per_partition']} input(s) per shard partition)"},
-        {"phase": "report", "at_scale": rss.get("report", 0) + REPORT_BYTES_PER_INPUT * inputs + manifest_parsed,
-         "grows_with": f"{inputs:,} inputs' stats x {REPORT_BYTES_PER_INPUT / 1e3:.1f} kB + the manifest parsed "
-                       f"({human(n_shards)} entries x {MANIFEST_ENTRY_BYTES} B + {human(blocks)} block hashes x "
-                       f"{MANIFEST_BLOCK_BYTES} B)"},
-    ]
-    for row in memory:
-        row["measured"] = rss.get(row["phase"], rss.get("cluster", 0))
-
-    # the trainer reading the shards: a 4 MiB block per sequence once the corpus outgrows the cache
-    token_bytes = 2 if (m.get("vocab_size") or 65_536) <= 65_536 else 4
-    seq_bytes = (trainer["seq_len"] + 1) * token_bytes
-    miss = max(0.0, 1 - trainer["cache_bytes"] / max(shard_bytes, 1))
-    seqs_per_s = trainer["nodes"] * trainer["tokens_per_node_s"] / trainer["seq_len"]
-    train = {"amplification": BLOCK / seq_bytes, "miss": miss, "gets_per_s": seqs_per_s * miss,
-             "bytes_per_s": seqs_per_s * miss * BLOCK, "manifest_parsed": manifest_parsed, **trainer}
-
-    serial = sum(r["wall_hours"] for r in rows if r["tasks"] == 1 and r["phase"] != "tokenizer")
-    return {"rows": rows, "s3": s3, "memory": memory, "dedup": dd, "dedup_fits": dedup_fits, "cluster": cl,
-            "cluster_fits": cluster_fits, "cluster_alone": c.cluster_tasks_alone(dd["tasks"]),
-            "request_cpu": per_request, "request_cpu_measured": request_cpu_measured,
-            "crawl": c, "measured_date": m.get("date") or "an unrecorded date", "n_shards": n_shards, "blocks": blocks,
-            "manifest_bytes": manifest_bytes, "trainer": train, "serial_hours": serial,
-            "wall_hours": sum(r["wall_hours"] for r in rows)}
-
-
-def _crossing(m: dict, args: argparse.Namespace, metric) -> float | None:
-    """The crawl size (WET TB, documents and files in proportion) at which metric(result) turns
-    positive; None when it is already positive at 1 GB, inf when not by 1 PB."""
-    def at(tb: float) -> float:
-        ratio = tb / args.wet_tb
-        return metric(model(m, tb, args.docs * ratio, args.pods, args.input_files * ratio, _trainer(args)))
-
-    lo, hi = math.log(1e-3), math.log(1e3)
-    if at(math.exp(lo)) > 0:
-        return None
-    if at(math.exp(hi)) <= 0:
-        return math.inf
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if at(math.exp(mid)) > 0 else (mid, hi)
-    return math.exp(hi)
-
-
-def _trainer(args: argparse.Namespace) -> dict:
-    return {"nodes": args.train_nodes, "seq_len": args.seq_len, "tokens_per_node_s": args.train_tokens_per_node_s,
-            "cache_bytes": args.cache_bytes}
-
-
-def _rss_of(phase: str):
-    return lambda r: next(x["at_scale"] for x in r["memory"] if x["phase"] == phase) - MAX_TASK_RSS
-
-
-def _rate_of(phase: str):
-    """Over S3's per-prefix rate for ten minutes or more (shorter bursts are retried through)."""
-    def metric(r):
-        row = next(x for x in r["rows"] if x["phase"] == phase)
-        load = next(x for x in r["s3"] if x["phase"] == phase)["prefix_load"]
-        return load - 1 if row["wall_hours"] >= 1 / 6 else -1.0
-    return metric
-
-
-def limits(m: dict, args: argparse.Namespace) -> list[dict]:
-    """What gives way, each with the crawl size at which it does, smallest first."""
-    out = [
-        ("dedup task memory", "the largest dedup task passes 1.5 GB at the best `partitions_per_band`",
-         _rss_of("dedup")),
-        ("cluster merge memory", "the merge (or a cluster task) passes 1.5 GB at the best `cluster_tasks`",
-         lambda r: max(r["cluster"]["task_rss"], r["cluster"]["merge_rss"]) - MAX_TASK_RSS),
-        ("report memory", "the report task passes 1.5 GB", _rss_of("report")),
-        ("trainer block GETs", f"{args.train_nodes:,} training nodes' block fetches pass {S3_PREFIX_GETS:,} GET/s "
-                               "on the shards' prefix", lambda r: r["trainer"]["gets_per_s"] - S3_PREFIX_GETS),
-        ("dedup request time", f"a dedup task's S3 requests ({READ_THREADS} at a time, or their client CPU, whichever "
-                               "is longer) take longer than its other CPU work",
-         lambda r: 2 * max(r["rows"][1]["request_hours"], r["rows"][1]["request_cpu_hours"])
-         - r["rows"][1]["cpu_hours"]),
-        ("serial tail", "the one-task steps (merge, report) take longer than all the parallel phases",
-         lambda r: 2 * r["serial_hours"] - r["wall_hours"]),
-    ]
-    out += [(f"{p} request rate", f"the {p} phase's busiest prefix passes S3's {S3_PREFIX_GETS:,} GET/s or "
-             f"{S3_PREFIX_PUTS:,} PUT/s for ten minutes or more", _rate_of(p)) for p in PHASES]
-    rows = [{"name": name, "what": what, "wet_tb": _crossing(m, args, metric)} for name, what, metric in out]
+            for _ in range(30):
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if metric(at(math.exp(mid))) > 0 else (mid, hi)
+            size = math.exp(hi)
+        rows.append({"name": name, "what": what, "wet_tb": size})
     return sorted(rows, key=lambda r: -1 if r["wet_tb"] is None else r["wet_tb"])
+
+
+# ------------------------------------------------------------------ the text
 
 
 def _size(tb: float | None) -> str:
     if tb is None:
-        return "under 1 GB"
-    return "not by 1 PB" if math.isinf(tb) else human(tb * 1e12, "B")
+        return "under 10 GB"
+    return "not by 10 PB" if math.isinf(tb) else human(tb * 1e12, "B")
 
 
-def render(result: dict, provisional: bool, args: argparse.Namespace, broken: list[dict]) -> str:
-    mark = " (PROVISIONAL: docs/benchmarks.md's 2026-11-21 figures until `make bench-dataprep-scaling` runs)" \
-        if provisional else f" (from bench/out/dataprep-scaling.json, run of {result['measured_date']})"
-    c, dd, cl = result["crawl"], result["dedup"], result["cluster"]
-    total_cpu = sum(r["cpu_hours"] for r in result["rows"])
-    out = [f"Generated by `.venv/bin/python bench/scale_model.py --write docs/scaling.md`{mark}: "
-           f"{args.wet_tb:g} TB of WET, {human(args.docs)} documents, {args.input_files:,} WET files, "
-           f"{args.pods:,} one-core pods; every S3 request {REQUEST_LATENCY * 1e3:.0f} ms (assumed), a task's "
-           f"requests one after another, a dedup task's reads {READ_THREADS} at a time.", "",
-           f"Settings the model picks: `minhash.partitions_per_band = {dd['ppb']:,}` ({dd['tasks']:,} dedup "
-           f"tasks), " + ("the smallest that keeps every dedup task under 1.5 GB" if result["dedup_fits"] else
-                          f"the least dedup task memory any setting gives ({human(dd['rss'], 'B')}: none keeps it "
-                          f"under 1.5 GB)") +
-           f"; `minhash.cluster_tasks = {cl['tasks']:,}`, " +
-           ("the smallest that keeps the cluster tasks and the merge under 1.5 GB." if result["cluster_fits"] else
-            f"the least memory for the larger of a cluster task and the merge (none keeps both under 1.5 GB: "
-            f"{result['cluster_alone']['tasks']:,} cluster tasks keep each under it, and then the merge holds "
-            f"{human(result['cluster_alone']['merge_rss'], 'B')})."),
-           "", "| phase | tasks | per-core WET MB/s | CPU-hours | request-hours | wall at the pods (h) |",
-           "|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        rate = f"{r['per_core_mb_s']:.2f}" if r["per_core_mb_s"] else "–"
-        flag = " (assumed, see below)" if r["assumed"] else ""
-        out.append(f"| {r['phase']} | {r['tasks']:,} | {rate} | {r['cpu_hours']:,.1f}{flag} | "
-                   f"{r['request_hours']:,.1f} | {r['wall_hours']:.2f} |")
-    out += [f"| **total** | | | **{total_cpu:,.0f}** | **{sum(r['request_hours'] for r in result['rows']):,.0f}** "
-            f"| **{result['wall_hours']:.1f}** |", "",
-            "| phase | PUT | PUT requests | GET | GET requests | requests/s over the phase | busiest prefix, "
-            "share of S3's per-prefix rate |", "|---|---|---|---|---|---|---|"]
-    for r in result["s3"]:
-        rate = human(r["requests_per_second"]) + (" (phase under a minute)" if r["short"] else "")
-        out.append(f"| {r['phase']} | {human(r['put_bytes'], 'B')} | {human(r['put_requests'])} | "
-                   f"{human(r['get_bytes'], 'B')} | {human(r['get_requests'])} | {rate} | "
-                   f"`{r['prefix']}` {r['prefix_load']:.0%} |")
-    out += ["", "| task | peak RSS measured | at this scale | what grows |", "|---|---|---|---|"]
-    for r in result["memory"]:
-        out.append(f"| {r['phase']} | {human(r['measured'], 'B')} | {human(r['at_scale'], 'B')} | {r['grows_with']} |")
-    largest = max(result["memory"], key=lambda r: r["at_scale"])
-    out += ["", f"Largest single task: **{largest['phase']}**, {human(largest['at_scale'], 'B')}. A near-duplicate "
-            f"dedup task makes {human(dd['near_task_gets'])} ranged GETs and HEADs, {READ_THREADS} at a time "
-            f"({human(3 * c.inputs)} for its key-file sections, {human(dd['candidates'])} signature rows; "
-            f"{dd['near_task_gets'] * REQUEST_LATENCY / READ_THREADS / 3600:.2f} h at "
-            f"{REQUEST_LATENCY * 1e3:.0f} ms each)."]
-    t = result["trainer"]
-    out += ["", f"Shards: {human(result['n_shards'])} with {human(result['blocks'])} block hashes, one manifest of "
-            f"{human(result['manifest_bytes'], 'B')} ({human(t['manifest_parsed'], 'B')} parsed, in the report task "
-            f"and in every training rank). Trainer at {t['nodes']:,} nodes of {human(t['tokens_per_node_s'])} "
-            f"tokens/s (assumed), seq_len {t['seq_len']:,}, a {human(t['cache_bytes'], 'B')} block cache per node: "
-            f"{t['amplification']:.0f}x read amplification, {t['miss']:.1%} of sequences miss the cache, "
-            f"{human(t['gets_per_s'])} GET/s and {human(t['bytes_per_s'], 'B')}/s from S3 "
-            f"(~{S3_PREFIX_GETS:,} GET/s per prefix)."]
-    out += ["", "What gives way first as the crawl grows (documents and files in proportion to the WET; "
-            "the crawl size at which each passes its limit):", ""]
-    for k, r in enumerate([r for r in broken if r["wet_tb"] is None or not math.isinf(r["wet_tb"])], 1):
-        out.append(f"{k}. **{r['name']}** at {_size(r['wet_tb'])} of WET: {r['what']}.")
-    never = [r["name"] for r in broken if r["wet_tb"] is not None and math.isinf(r["wet_tb"])]
+def render(m: dict, scale: dict) -> str:
+    sources = m.get("sources", {})
+    out = [f"Generated by `.venv/bin/python bench/scale_model.py --write docs/scaling.md`: request figures from "
+           f"`make bench-dataprep-crawl` of {m['requests']['date']}, per-task memory from "
+           + (f"`make bench-dataprep-scaling`'s flatness runs of {sources['flatness']}" if "flatness" in sources
+              else f"the flatness runs of {m['rss']['date']} (the stages before combine and components)")
+           + f", CPU per WET MB from the run of {m['cpu']['date']}"
+           + (f", components memory from `bench/components_memory.py` of {sources['components_memory']}"
+              if "components_memory" in sources else "") + ". Every S3 request 20 ms (assumed) and "
+           f"{m['request_cpu'] * 1e3:.1f} ms of client CPU (measured); a combine, dedup or components task keeps "
+           f"{THREADS} reads in flight, every other task one.", ""]
+    for wet_tb, input_files in scale["sizes"]:
+        runs = [model(m, wet_tb, pods, input_files) for pods in scale["pods"]]
+        r, c = runs[0], runs[0]["counts"]
+        out += [f"### {wet_tb:g} TB of WET: {input_files:,} WET files, {human(r['docs'])} documents", "",
+                f"Counts: `minhash.partitions_per_band` = {c['ppb']:,} ({c['partitions']:,} dedup partitions; "
+                f"the code's auto choice), `combine_partitions` = {c['combine_partitions']} ({c['ranges']:,} ranges), "
+                f"{c['groups']} input groups of up to {c['group_inputs']:,} inputs ({c['groups'] * c['ranges']:,} "
+                f"combine tasks), `components.tasks` = {r['components_tasks']:,} (the fewest under 1.5 GB a task); "
+                f"key files and combined objects {human(r['key_bytes'], 'B')} each way "
+                f"({human(r['key_bytes'] / r['dedup_docs'], 'B')} per document: its signature in every band's "
+                f"section).", "",
+                "| stage | tasks | CPU-hours | requests | per task | pod's own | busiest prefix: req/s, share of S3's "
+                "rate | largest task | wall h, " + " / ".join(f"{p:,} pods" for p in scale["pods"]) + " |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for name, s in r["stages"].items():
+            walls = " / ".join(f"{run['stages'][name]['wall_hours']:.2f}" for run in runs)
+            out.append(f"| {name} | {s['tasks']:,} | {s['cpu_hours']:,.1f} | {human(s['requests'])} | "
+                       f"{human(s['per_task'])} | {human(s['pod_own'])} | `{s['prefix']}` {human(s['prefix_rate'])}/s, "
+                       f"{s['prefix_load']:.0%} | {human(s['memory'], 'B')} ({s['grows']}) | {walls} |")
+        total = human(sum(s["requests"] for s in r["stages"].values()))
+        out += [f"| **total** | | **{r['cpu_hours']:,.0f}** | **{total}** | | | | | **"
+                + " / ".join(f"{run['wall_hours']:.1f}" for run in runs) + "** |", ""]
+        for run in runs:
+            out.append(f"Goal check at {run['pods']:,} pods:")
+            out += [f"- {'holds' if ok else '**does not hold**'}: {what} ({figure})" for what, ok, figure in goals(run)]
+            out.append("")
+    out += [f"What gives way first as the crawl grows (WET files in proportion, {scale['pods'][0]:,} pods; the size at "
+            "which each passes its limit):", ""]
+    rows = limits(m, scale["pods"][0])
+    for k, row in enumerate([row for row in rows if row["wet_tb"] is None or not math.isinf(row["wet_tb"])], 1):
+        out.append(f"{k}. **{row['name']}** at {_size(row['wet_tb'])} of WET: {row['what']}.")
+    never = [row["name"] for row in rows if row["wet_tb"] is not None and math.isinf(row["wet_tb"])]
     if never:
-        out += ["", f"Not reached by 1 PB of WET: {', '.join(never)}."]
-    out += ["", f"Derived: {human(c.n)} documents into dedup, {human(c.edges)} duplicate edges "
-            f"({human(c.near_edges)} near), {human(c.dup_docs)} documents with a duplicate, "
-            f"{human(c.removed)} removed, "
-            f"{human(c.kept)} kept, {human(c.tokens)} tokens. Assumed where not measured: "
-            f"{REQUEST_LATENCY * 1e3:.0f} ms per S3 request; "
-            + ("cluster and merge CPU from the flatness runs' cluster task" if not result["rows"][2]["assumed"] else
-               f"cluster {CLUSTER_SECONDS_PER_EDGE * 1e9:.0f} ns of CPU per edge")
-            + f"; {result['request_cpu'] * 1e3:.1f} ms of client CPU per dedup S3 request ("
-            + ("from the flatness runs' dedup tasks over S3" if result["request_cpu_measured"] else "assumed")
-            + "); signature rows read per near task = 2 x its near edges; a dedup task's Python objects "
-            "(estimated from CPython's object sizes, `MEMORY` in bench/scale_model.py)."]
+        out += ["", f"Not reached by 10 PB of WET: {', '.join(never)}."]
+    req = m["requests"]
+    out += ["", f"Measured per task (`make bench-dataprep-crawl`, {req['inputs']:,} inputs at its largest): "
+            f"{req['combine_per_group_input']:.2f} requests per input of a combine task's group; "
+            f"{req['dedup_per_object']:.2f} per group object of a dedup task; a round-0 components task "
+            f"{req['components_round0_per_edge_file']:.2f} per edge file of its share; a pod of combine "
+            f"{req['combine_pod_per_input']:.2f} and of shards {req['shards_pod_per_input']:.2f} per input of the "
+            f"run before its first task; the report {req['report_per_input']:.1f} per input; "
+            f"{req['records_per_doc']:.2f} components records per document into dedup; output byte-identical to a "
+            f"one-worker local run: {req['identical']}."]
     return "\n".join(out)
 
 
-def section(measured: dict, provisional: bool, scale: dict) -> str:
-    """The generated part of docs/scaling.md: the tables, then what they were computed from (one
-    comment line), so that check() can recompute them."""
-    args = argparse.Namespace(**scale)
-    result = model(measured, args.wet_tb, args.docs, args.pods, args.input_files, _trainer(args))
-    text = render(result, provisional, args, limits(measured, args))
-    inputs = json.dumps({"measured": measured, "provisional": provisional, "scale": scale}, sort_keys=True)
-    return f"{text}\n{INPUTS_TAG}{inputs} -->"
+def section(measured: dict, scale: dict) -> str:
+    """The generated part of docs/scaling.md: the tables, then what they came from (one comment line),
+    so check() can recompute them."""
+    inputs = json.dumps({"measured": measured, "scale": scale}, sort_keys=True)
+    return f"{render(measured, scale)}\n{INPUTS_TAG}{inputs} -->"
 
 
 def generated_part(doc: str) -> str:
@@ -582,34 +503,30 @@ def check(doc: str) -> bool:
     """Whether a document's generated part is what its recorded inputs give (no hand edits)."""
     part = generated_part(doc)
     recorded = json.loads(part.rsplit(INPUTS_TAG, 1)[1].removesuffix(" -->"))
-    return part == section(recorded["measured"], recorded["provisional"], recorded["scale"])
+    return part == section(recorded["measured"], recorded["scale"])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench", default=str(REPO / "bench" / "out" / "dataprep-scaling.json"))
-    p.add_argument("--wet-tb", type=float, default=10.0)
-    p.add_argument("--docs", type=float, default=3e9)
-    p.add_argument("--pods", type=int, default=1000)
-    p.add_argument("--input-files", type=int, default=90_000, help="WET files of the crawl (one input task each)")
-    p.add_argument("--train-nodes", type=int, default=1000, help="training nodes streaming the shards")
-    p.add_argument("--train-tokens-per-node-s", type=float, default=400_000,
-                   help="tokens a training node consumes per second (assumed)")
-    p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--cache-bytes", type=float, default=64 * 2**30, help="the trainer's data.cache_bytes")
+    p.add_argument("--out", default=str(REPO / "bench" / "out"), help="where the benchmarks wrote their JSON")
+    p.add_argument("--wet-tb", type=float, nargs="+", default=[10.0, 100.0], help="crawl sizes, TB of WET")
+    p.add_argument("--input-files", type=int, nargs="+", default=[90_000, 900_000],
+                   help="WET files of each crawl size (one inputs task each)")
+    p.add_argument("--pods", type=int, nargs="+", default=[1000, 4000], help="pods (the first: the goal check's)")
     p.add_argument("--write", metavar="MARKDOWN", help="replace the text between the scale-model markers of this file")
     args = p.parse_args()
-    measured, provisional = load(Path(args.bench))
-    scale = {"wet_tb": args.wet_tb, "docs": args.docs, "pods": args.pods, "input_files": args.input_files,
-             "train_nodes": args.train_nodes, "train_tokens_per_node_s": args.train_tokens_per_node_s,
-             "seq_len": args.seq_len, "cache_bytes": args.cache_bytes}
-    text = section(measured, provisional, scale)
+    if len(args.wet_tb) != len(args.input_files):
+        p.error("give one --input-files per --wet-tb")
+    measured = load(Path(args.out))
+    if "requests" not in measured:
+        p.error(f"no {Path(args.out) / 'dataprep-crawl-structure.json'}: run `make bench-dataprep-crawl` first")
+    scale = {"sizes": [list(x) for x in zip(args.wet_tb, args.input_files)], "pods": args.pods}
+    text = section(measured, scale)
     if not args.write:
         print(text)
         return
     path = Path(args.write)
-    doc = path.read_text()
-    head, rest = doc.split(BEGIN, 1)
+    head, rest = path.read_text().split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
     print(f"wrote {path}")

@@ -5,7 +5,8 @@ node block cache, with the object store 20 ms away (docs/benchmarks.md, "Trainer
 A local S3 server (moto, its own process) holds a data-prep output of random tokens (manifest
 blocks of 4 MiB); bench/latency_proxy.py (its own process) adds --delay-ms to every request in
 front of it. Each run iterates --steps batches of one rank with the trainer's own loader
-(Prefetcher over data_stream.read_batch, as train.py does) and stands in for the training step
+(Prefetcher over data_stream.read_batch, as train.py does, with `data.shuffle: global`: most
+sequences miss the cache, the worst case for latency) and stands in for the training step
 with --compute-ms of sleep (a GPU step: the Python thread waits, the GIL is free). A streamed
 run starts from an empty cache, bounded below the data set (--cache-mb), so blocks are evicted
 and fetched again throughout. Printed per run: data-wait fraction of wall time, mean and worst
@@ -20,11 +21,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,22 +31,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-BUCKET = "bench"
+sys.path.insert(0, str(REPO / "bench"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int) -> None:
-    for _ in range(200):
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise SystemExit(f"nothing listens on port {port}")
+from s3_behind_proxy import PREFIX, s3_behind_proxy  # noqa: E402 - a sibling script
 
 
 def make_data(root: Path, shards: int, shard_tokens: int) -> Path:
@@ -96,65 +81,35 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "out"))
     args = parser.parse_args()
 
-    import boto3
 
-    from lmforge.common.s3 import S3Bucket
     from lmforge.trainer.block_cache import BlockCache
-    from lmforge.trainer.data import MixtureSampler, ShardSource
+    from lmforge.trainer.data import ShardSource
     from lmforge.trainer.data_stream import StreamingSource
+    from lmforge.trainer.sampling import GlobalSampler
 
     work = Path(tempfile.mkdtemp(prefix="lmforge-stream-bench-"))
-    moto_port, proxy_port = free_port(), free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-           "AWS_DEFAULT_REGION": "us-east-1", "LMFORGE_S3_ANONYMOUS": "0"}
-    moto = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(moto_port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proxy = subprocess.Popen([sys.executable, str(REPO / "bench" / "latency_proxy.py"), "--target",
-                              f"http://127.0.0.1:{moto_port}", "--delay-ms", str(args.delay_ms), "--port",
-                              str(proxy_port)], stdout=subprocess.DEVNULL)
-    fetches: list = []
-    original_get_range_sized = S3Bucket.get_range_sized
-
-    def counted_get_range_sized(self, key, start, length):
-        fetches.append((key, start))
-        return original_get_range_sized(self, key, start, length)
-
-    S3Bucket.get_range_sized = counted_get_range_sized  # counts the block fetches of streamed runs
     rows = []
     depths = [int(d) for d in args.depths.split(",")]
     try:
-        wait_for_port(moto_port)
-        wait_for_port(proxy_port)
         data = make_data(work / "prepared", args.shards, args.shard_mb << 19)
-        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}", region_name="us-east-1",
-                              aws_access_key_id="bench", aws_secret_access_key="bench")
-        client.create_bucket(Bucket=BUCKET)
-        for path in sorted(data.rglob("*")):
-            if path.is_file():
-                client.upload_file(str(path), BUCKET, f"prep/{path.relative_to(data).as_posix()}")
-        os.environ.update(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy_port}")
-        print(f"data set: {args.shards} shards x {args.shard_mb} MiB, blocks of 4 MiB; cache {args.cache_mb} MiB; "
-              f"{args.steps} steps of {args.batch} x {args.seq_len + 1} tokens, {args.compute_ms:g} ms compute; "
-              f"S3 through a {args.delay_ms:g} ms proxy", flush=True)
-        local = MixtureSampler([ShardSource(data, "train", args.seq_len)], [1.0], seed=1)
-        for round_ in range(args.rounds):  # the order alternates: the machine's load drifts
-            for depth in depths if round_ % 2 == 0 else depths[::-1]:
-                rows.append(run("local disk", local, depth, args, fetches))
-                print(json.dumps(rows[-1]), flush=True)
-                cache_dir = work / f"cache-{round_}-{depth}"  # empty: each streamed run starts cold
-                cache = BlockCache(cache_dir, args.cache_mb << 20)
-                streamed = MixtureSampler([StreamingSource(f"s3://{BUCKET}/prep", "train", args.seq_len, cache)],
-                                          [1.0], seed=1)
-                rows.append(run(f"S3 +{args.delay_ms:g} ms", streamed, depth, args, fetches))
-                cached = sum(p.stat().st_size for p in (cache_dir / "blocks").glob("*/*"))
-                rows[-1]["cache_mb_at_end"] = cached / 2**20
-                assert cached <= args.cache_mb << 20
-                print(json.dumps(rows[-1]), flush=True)
+        with s3_behind_proxy(data, args.delay_ms) as fetches:
+            print(f"data set: {args.shards} shards x {args.shard_mb} MiB, blocks of 4 MiB; cache {args.cache_mb} "
+                  f"MiB; {args.steps} steps of {args.batch} x {args.seq_len + 1} tokens, {args.compute_ms:g} ms "
+                  f"compute; S3 through a {args.delay_ms:g} ms proxy", flush=True)
+            local = GlobalSampler([ShardSource(data, "train", args.seq_len)], [1.0], seed=1)
+            for round_ in range(args.rounds):  # the order alternates: the machine's load drifts
+                for depth in depths if round_ % 2 == 0 else depths[::-1]:
+                    rows.append(run("local disk", local, depth, args, fetches))
+                    print(json.dumps(rows[-1]), flush=True)
+                    cache_dir = work / f"cache-{round_}-{depth}"  # empty: each streamed run starts cold
+                    cache = BlockCache(cache_dir, args.cache_mb << 20)
+                    streamed = GlobalSampler([StreamingSource(PREFIX, "train", args.seq_len, cache)], [1.0], seed=1)
+                    rows.append(run(f"S3 +{args.delay_ms:g} ms", streamed, depth, args, fetches))
+                    cached = sum(p.stat().st_size for p in (cache_dir / "blocks").glob("*/*"))
+                    rows[-1]["cache_mb_at_end"] = cached / 2**20
+                    assert cached <= args.cache_mb << 20
+                    print(json.dumps(rows[-1]), flush=True)
     finally:
-        S3Bucket.get_range_sized = original_get_range_sized
-        for process in (proxy, moto):
-            process.terminate()
-            process.wait(10)
         shutil.rmtree(work, ignore_errors=True)
 
     same = len({r["batches_sha256"] for r in rows}) == 1

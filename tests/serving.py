@@ -4,14 +4,21 @@
 a 2-layer GPT on a fixed set of sentences until it has memorized them, and writes the serving
 package exactly as `lmforge-train export` does. Greedy decoding of a sentence's start then
 gives its end: the canary's expected continuations and a low perplexity on the corpus.
-`running_server` starts `lmforge-serve` in a subprocess on a loopback port."""
+`running_server` starts `lmforge-serve` in a subprocess on a loopback port.
+
+The training is deterministic (fixed seeds), so a session trains each (steps, seed) once and
+every call gets its own copy of that package: the inference, canary, rollout, image, operator and
+observability tests all start from the same tiny model."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,8 +58,22 @@ def train_tokenizer(path: Path, vocab_size: int = 320) -> Path:
     return path
 
 
+_TRAINED: dict[tuple[int, int], Path] = {}  # (steps, seed) → the package this process trained
+
+
 def train_tiny_package(output: Path, steps: int = 300, seed: int = 0) -> Path:
-    """Train until the sentences are memorized (fewer `steps`: a worse model)."""
+    """Train until the sentences are memorized (fewer `steps`: a worse model); writes the package
+    to `output` (a copy of this process's one training of those steps and seed)."""
+    if (steps, seed) not in _TRAINED:
+        cache = Path(tempfile.mkdtemp(prefix="lmforge-tiny-package-"))
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+        _TRAINED[steps, seed] = _train_tiny_package(cache / "tiny", steps, seed)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(_TRAINED[steps, seed], output)
+    return output
+
+
+def _train_tiny_package(output: Path, steps: int, seed: int) -> Path:
     from tokenizers import Tokenizer
 
     output.parent.mkdir(parents=True, exist_ok=True)

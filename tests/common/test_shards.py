@@ -58,4 +58,7 @@ def test_block_digests_cover_the_file_in_order(tmp_path):
     raw = path.read_bytes()
     expected = [hashlib.sha256(raw[i : i + 4096]).hexdigest() for i in range(0, len(raw), 4096)]
     assert list(digest.block_sha256) == expected and len(expected) == 3  # 11024 bytes: the last block short
-    assert digest.manifest_fields()["block_bytes"] == 4096
+    sidecar = (tmp_path / "s.blocks").read_bytes()  # the block sidecar: the same digests, 32 bytes each
+    assert sidecar == b"".join(bytes.fromhex(h) for h in expected) == digest.sidecar()
+    assert digest.index_fields() == {"sha256": hashlib.sha256(raw).hexdigest(), "block_bytes": 4096,
+                                     "blocks_sha256": hashlib.sha256(sidecar).hexdigest()}

@@ -14,6 +14,7 @@ from lmforge.common.shards import open_shard
 from lmforge.dataprep import cli
 from lmforge.dataprep.document import make_doc_id
 from tests.dataprep.wet_records import gz_member, wet_record
+from tests.shard_listing import local_shards
 
 
 def split_wet(source: Path, targets: list[Path]) -> dict[int, int]:
@@ -65,7 +66,8 @@ def kept_doc_ids(out: Path) -> set[int]:
 
 
 def manifest(out: Path) -> dict:
-    return json.loads((out / "manifest.json").read_text())
+    """manifest.json, with every split's shards (read through the split indexes) under "shards"."""
+    return {**json.loads((out / "manifest.json").read_text()), "shards": local_shards(out)}
 
 
 def shard_tokens(out: Path, rel: str) -> np.ndarray:

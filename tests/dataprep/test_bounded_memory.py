@@ -17,6 +17,8 @@ from lmforge.dataprep.worker import process_input
 from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.wet_records import english, wet_record
 
+# the per-input stage alone, outside a run: nothing for "auto" to be chosen from (runner.open_run)
+FIXED_PARTITIONS = {"partitions_per_band": 1, "combine_partitions": 1}
 RECORD_BYTES = 50 << 20  # one line, as the issue's record: ~180 kB gzipped
 LINE = b"All work and no play makes Jack a dull boy, and the garden is wet again today. "
 
@@ -52,7 +54,7 @@ def test_a_huge_single_line_record_is_rejected_unread_and_the_task_stays_small(t
     huge.write_bytes(first + _huge_record_member("https://huge.example/") + second)
     out = tmp_path / "out"
     store = open_store(out)
-    config = DataprepConfig(reader={"max_record_bytes": 1 << 20})
+    config = DataprepConfig(reader={"max_record_bytes": 1 << 20}, minhash=FIXED_PARTITIONS)
 
     without = process_input(store, config, str(normal), 0)  # also loads the steps' models
     result = process_input(store, config, str(huge), 1)
@@ -95,7 +97,7 @@ def test_a_pool_task_reports_its_own_peak_not_the_one_its_parent_reached_before_
     ballast = b"x" * ballast_bytes  # every page written: resident
     del ballast
     out = tmp_path / "out"
-    store, config = open_store(out), DataprepConfig(pipeline=["url_dedup"])  # no model to load in each process
+    store, config = open_store(out), DataprepConfig(pipeline=["url_dedup"], minhash=FIXED_PARTITIONS)  # no model
     tasks = [InputTask(str(tmp_path / "a.warc.wet.gz"), 0), InputTask(str(tmp_path / "b.warc.wet.gz"), 1)]
     pool = PoolExecutor(store, config, processes=2)
     try:

@@ -15,22 +15,23 @@ import pytest
 from lmforge.common.errors import InputError
 from lmforge.common.storage import LocalStore
 from lmforge.dataprep import layout
+from lmforge.dataprep.combine import combine_tasks
+from lmforge.dataprep.components import components_tasks, finish_components, settled_by
 from lmforge.dataprep.config import DataprepConfig, MinHashConfig
 from lmforge.dataprep.dedup_global import (
     KIND_CONTENT,
     KIND_NEAR,
     KIND_URL,
     PartitionPlan,
-    _forest,
     _verified_pairs,
     check_minhash_config,
-    cluster_group,
     group_partition,
+    key_format,
     load_removed,
-    merge_clusters,
+    shuffle_plan,
     write_minhash_config,
 )
-from lmforge.dataprep.dedup_keys import read_partition
+from lmforge.dataprep.dedup_keys import read_sections
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher, estimated_jaccard, lsh_params, verify_threshold
 from lmforge.dataprep.steps.dedup import ExactDedupFilter, UrlDedupFilter, content_key, normalize_url, url_key
@@ -124,14 +125,6 @@ def test_verification_links_only_true_near_duplicates():
     assert _verified_pairs(members, sigs, 0.8, 64) == [(12, 10)]
 
 
-def test_components_keep_the_lowest_id_and_name_the_strongest_reason():
-    edges = np.array([[5, 3, KIND_NEAR], [9, 5, KIND_NEAR], [9, 3, KIND_CONTENT], [20, 7, KIND_URL]], dtype=np.uint64)
-    nodes, roots, kinds = _forest(edges[:, :2], edges[:, 2].astype(np.uint8))
-    assert nodes.tolist() == [3, 5, 7, 9, 20] and roots.tolist() == [3, 3, 7, 3, 7]
-    removed = nodes != roots
-    assert dict(zip(nodes[removed].tolist(), kinds[removed].tolist())) == {5: KIND_NEAR, 9: KIND_CONTENT, 20: KIND_URL}
-
-
 def test_partition_plan_covers_bands_slices_and_exact_keys():
     plan = PartitionPlan(bands=4, partitions_per_band=3)
     described = [plan.describe(p) for p in range(plan.count)]
@@ -143,7 +136,7 @@ def test_partition_plan_covers_bands_slices_and_exact_keys():
 
 def test_without_near_duplicate_dedup_the_exact_keys_are_still_the_url_and_content_columns():
     """minhash.enabled=false drops the band partitions, not the band-key columns the per-input stage writes."""
-    plan = PartitionPlan.from_config(MinHashConfig(enabled=False))
+    plan = PartitionPlan.from_config(MinHashConfig(enabled=False, partitions_per_band=1))
     bands, _ = lsh_params(MinHashConfig())
     assert plan.count == 2
     assert [plan.describe(p) for p in range(2)] == [(bands, KIND_URL, 0), (bands + 1, KIND_CONTENT, 0)]
@@ -170,7 +163,7 @@ class _RecordingStore(LocalStore):
         super().__init__(root)
         self.reads: list[tuple[str, int]] = []
         self.whole: list[str] = []  # paths read whole
-        self.ranges: list[tuple[str, int]] = []  # (path, length asked for)
+        self.ranges: list[tuple[str, int, int]] = []  # (path, start, length asked for)
 
     def read_bytes(self, rel: str) -> bytes:
         data = super().read_bytes(rel)
@@ -181,7 +174,7 @@ class _RecordingStore(LocalStore):
     def read_range(self, rel: str, start: int, length: int) -> bytes:
         data = super().read_range(rel, start, length)
         self.reads.append((rel, len(data)))
-        self.ranges.append((rel, length))
+        self.ranges.append((rel, start, length))
         return data
 
     def local_path(self, rel: str):
@@ -221,13 +214,17 @@ def _dedup_corpus(base) -> list[str]:
 
 
 def _prepare(root, paths, config, only=None) -> list:
+    """The per-input stage; `config` gets the counts the run chose, as runner.open_run gives them."""
     store = LocalStore(root)
-    write_minhash_config(store, config.minhash)
+    config.minhash = write_minhash_config(store, config.minhash)
     return [process_input(store, config, uri, i) for i, uri in enumerate(paths) if only is None or i in only]
 
 
 def _edges(root, config, n_inputs) -> dict[int, bytes]:
+    """The combine stage, then every dedup partition; each partition's edges file."""
     store = LocalStore(root)
+    for task in combine_tasks(config, n_inputs):
+        task.run(store, config)
     for p in range(PartitionPlan.from_config(config.minhash).count):
         group_partition(store, config.minhash, n_inputs, p)
     return {p: (root / layout.edges(p)).read_bytes() for p in range(PartitionPlan.from_config(config.minhash).count)}
@@ -238,41 +235,53 @@ def dedup_inputs(tmp_path_factory):
     return _dedup_corpus(tmp_path_factory.mktemp("dedup-inputs"))
 
 
-def test_group_partition_reads_only_its_own_section_of_each_key_file(dedup_inputs, tmp_path):
-    config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2}})
+def test_group_partition_reads_only_its_own_section_of_each_combined_object(dedup_inputs, tmp_path):
+    config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2,
+                                                                      "combine_partitions": 5}})
     _prepare(tmp_path, dedup_inputs, config)
-    plan, n = PartitionPlan.from_config(config.minhash), len(dedup_inputs)
+    n = len(dedup_inputs)
+    _edges(tmp_path, config, n)  # the combined objects (and edges, removed below)
+    plan, shuffle, fmt = PartitionPlan.from_config(config.minhash), shuffle_plan(config.minhash, n), \
+        key_format(config.minhash)
     store = _RecordingStore(tmp_path)
     with_runs, without_runs, kinds_seen = [], [], set()
     for p in range(plan.count):
+        (tmp_path / layout.edges(p)).unlink()
         _, kind, _ = plan.describe(p)
         store.reads.clear()
         store.whole.clear()
         store.ranges.clear()
         edges = group_partition(store, config.minhash, n, p)
-        key_reads = [(rel, size) for rel, size in store.reads if rel.startswith("work/minhash/keys/")]
-        other_reads = [rel for rel, _ in store.reads if not rel.startswith("work/minhash/keys/")]
-        assert {rel for rel, _ in key_reads} == {layout.dedup_keys(i) for i in range(n)}, p
-        sections = [read_partition(LocalStore(tmp_path), i, p) for i in range(n)]
-        own_bytes = sum(24 * len(ids) for ids, _, _ in sections)
-        if not other_reads:  # no candidate run: its two offsets and its section of each file, nothing else
-            assert sum(size for _, size in key_reads) == n * 16 + own_bytes, p
-            assert len(key_reads) == 2 * n, p
-        keys = np.concatenate([keys for _, keys, _ in sections])
+        r = shuffle.range_of(p)
+        objects = {layout.combined_keys(g, r) for g in range(len(shuffle.groups))}
+        first = shuffle.partition_range(r).start
+        sections = [read_sections(LocalStore(tmp_path), rel, fmt, range(p - first, p - first + 1), first)[0]
+                    for rel in sorted(objects)]
+        assert {rel for rel, _ in store.reads} == objects, p  # no per-input file, no other range's object
+        index, row = p - first, 24 + (4 * config.minhash.num_perm if kind == KIND_NEAR else 0)
+        signature_reads = []
+        for rel, section in zip(sorted(objects), sections):
+            start = int(np.frombuffer((tmp_path / rel).read_bytes()[(index + 1) * 8 : (index + 2) * 8], "<u8")[0])
+            reads = sorted((at, length) for path, at, length in store.ranges if path == rel)
+            # the header up to its section's end offset, then the section's triples (when it has any) ...
+            expected = [(0, (index + 3) * 8)] + ([(start, 24 * len(section))] if len(section) else [])
+            assert reads[: len(expected)] == expected, (p, rel, reads)
+            # ... then, in a band partition, whole signature rows of this section, and only those
+            signatures_at, end = start + 24 * len(section), start + row * len(section)
+            for at, length in reads[len(expected) :]:
+                assert signatures_at <= at and at + length <= end and (at - signatures_at) % (row - 24) == 0
+                assert length % (row - 24) == 0
+                signature_reads.append(length)
+        keys = np.concatenate([section.triples[:, 1] for section in sections])
         has_run = len(np.unique(keys)) < len(keys)
         if kind == KIND_NEAR and has_run:
             with_runs.append(p)
-            assert other_reads and set(other_reads) <= {layout.signatures(i) for i in range(n)}, (p, other_reads)
-            # a signature read is one row (after the .npy header's, once per input), never a whole file
-            row_bytes = config.minhash.num_perm * 4
-            sig_ranges = [length for rel, length in store.ranges if rel.endswith(".sig.npy")]
-            header_reads = [length for length in sig_ranges if length != row_bytes]
-            assert row_bytes in sig_ranges and max(header_reads) < 200, sig_ranges
+            assert signature_reads, p
         else:
             if kind == KIND_NEAR:
                 without_runs.append(p)
-            assert other_reads == [], (p, other_reads)  # no signatures
-        assert not [rel for rel in store.whole if rel.startswith("work/minhash/")], store.whole
+            assert not signature_reads, p  # no candidate, no signature read
+        assert not store.whole, store.whole
         if edges:
             kinds_seen.add(kind)
     assert with_runs and without_runs
@@ -286,18 +295,26 @@ def test_key_files_give_the_edges_the_whole_key_matrix_gave(dedup_inputs, tmp_pa
     n = len(dedup_inputs)
     _prepare(tmp_path / "new", dedup_inputs, config)
     _prepare(tmp_path / "old", dedup_inputs, config)
-    # input 1 as an older version left it: the whole key matrix, no key file
+    # input 1 as an older version left it: the whole key matrix and the signature file, no key file
     plan = PartitionPlan.from_config(config.minhash)
-    sections = [read_partition(LocalStore(tmp_path / "old"), 1, p) for p in range(plan.count)]
-    n_docs = sum(len(ids) for ids, _, _ in sections[: plan.partitions_per_band])  # column 0's slices
+    sections = read_sections(LocalStore(tmp_path / "old"), layout.dedup_keys(1), key_format(config.minhash),
+                             range(plan.count))
+    n_docs = sum(len(section) for section in sections[: plan.partitions_per_band])  # column 0's slices
     ids = np.zeros(n_docs, dtype=np.uint64)
     matrix = np.zeros((n_docs, plan.key_bands + 2), dtype=np.uint64)
-    for p, (section_ids, section_keys, rows) in enumerate(sections):
-        ids[rows.astype(np.int64)] = section_ids
-        matrix[rows.astype(np.int64), plan.describe(p)[0]] = section_keys
+    signatures = np.zeros((n_docs, config.minhash.num_perm), dtype=np.uint32)
+    for p, section in enumerate(sections):
+        rows = section.triples[:, 2].astype(np.int64)
+        ids[rows] = section.triples[:, 0]
+        matrix[rows, plan.describe(p)[0]] = section.triples[:, 1]
+        if section.signatures is not None:
+            signatures[rows] = section.signatures
     buffer = io.BytesIO()
     np.savez(buffer, doc_ids=ids, keys=matrix)
     (tmp_path / "old" / layout.minhash(1)).write_bytes(buffer.getvalue())
+    buffer = io.BytesIO()
+    np.save(buffer, signatures)
+    (tmp_path / "old" / layout.signatures(1)).write_bytes(buffer.getvalue())
     (tmp_path / "old" / layout.dedup_keys(1)).unlink()
     assert _edges(tmp_path / "old", config, n) == _edges(tmp_path / "new", config, n)
 
@@ -334,15 +351,24 @@ def test_exact_dedup_without_near_duplicate_dedup_finds_the_url_and_content_edge
     assert all(len(np.load(io.BytesIO(edges))) for edges in exact)  # the corpus has a copy and a repeated URL
 
 
-def test_cluster_writes_each_inputs_removed_ids_apart(dedup_inputs, tmp_path):
+def _components(root, config: DataprepConfig, n: int, rounds: int | None = None) -> dict | None:
+    """The components stage's rounds (every one, or the first `rounds`), then the summary."""
+    store = LocalStore(root)
+    for r in range(config.components.max_rounds if rounds is None else rounds):
+        for task in components_tasks(config, n, r):
+            task.run(store, config)
+        if settled_by(store, config, r):
+            break
+    return finish_components(store, config, n) if rounds is None else None
+
+
+def test_components_write_each_inputs_removed_ids_apart(dedup_inputs, tmp_path):
     """Later tasks on input i read only layout.removed(i): it holds exactly that input's removals."""
     config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2}})
     n = len(dedup_inputs)
     _prepare(tmp_path, dedup_inputs, config)
     _edges(tmp_path, config, n)
-    store = LocalStore(tmp_path)
-    cluster_group(store, config.minhash, 0)
-    summary = merge_clusters(store, config.minhash, n)
+    summary = _components(tmp_path, config, n)
     per_input = [load_removed(LocalStore(tmp_path), i) for i in range(n)]
     for i, (ids, reasons) in enumerate(per_input):
         assert len(ids) == len(reasons)
@@ -352,33 +378,30 @@ def test_cluster_writes_each_inputs_removed_ids_apart(dedup_inputs, tmp_path):
 
 
 @pytest.mark.parametrize("tasks", [2, 5])
-def test_split_clustering_removes_what_one_task_removes(dedup_inputs, tmp_path, tasks):
-    """Cluster tasks over shares of the partitions, joined by the merge, find the same clusters,
-    survivors and reasons as one task over every edge."""
+def test_components_over_several_tasks_remove_what_one_task_removes(dedup_inputs, tmp_path, tasks):
+    """Components tasks over shares of the nodes find the same clusters, survivors and reasons as
+    one task over every edge."""
     n = len(dedup_inputs)
     results = {}
     for k in (1, tasks):
-        config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2,
-                                                                          "cluster_tasks": k}})
+        config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2},
+                                                "components": {"tasks": k}})
         root = tmp_path / f"tasks-{k}"
         _prepare(root, dedup_inputs, config)
         _edges(root, config, n)
-        store = LocalStore(root)
-        for group in range(k):
-            cluster_group(store, config.minhash, group)
-        summary = merge_clusters(store, config.minhash, n)
-        removed = [tuple(np.concatenate(load_removed(store, i)).tolist()) for i in range(n)]
-        results[k] = ({key: v for key, v in summary.items() if key != "cluster_tasks"}, removed)
+        summary = _components(root, config, n)
+        removed = [tuple(np.concatenate(load_removed(LocalStore(root), i)).tolist()) for i in range(n)]
+        results[k] = ({key: v for key, v in summary.items() if key != "components_tasks"}, removed)
     assert results[1] == results[tasks]
     assert results[1][0]["removed_total"] > 0
 
 
-def test_merge_waits_for_every_cluster_task(dedup_inputs, tmp_path):
-    config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"cluster_tasks": 3}})
+def test_the_summary_waits_for_every_round(dedup_inputs, tmp_path):
+    config = DataprepConfig.model_validate({**_NO_FILTERS, "minhash": {"partitions_per_band": 2},
+                                            "components": {"tasks": 3}})
     _prepare(tmp_path, dedup_inputs, config)
     _edges(tmp_path, config, len(dedup_inputs))
-    store = LocalStore(tmp_path)
-    cluster_group(store, config.minhash, 0)
-    with pytest.raises(InputError, match=r"cluster tasks not finished: \[1, 2\]"):
-        merge_clusters(store, config.minhash, len(dedup_inputs))
+    _components(tmp_path, config, len(dedup_inputs), rounds=1)  # the edge shuffle only
+    with pytest.raises(InputError, match=r"components tasks not finished|not settled"):
+        finish_components(LocalStore(tmp_path), config, len(dedup_inputs))
     assert not (tmp_path / layout.DEDUP_STATS).exists()

@@ -29,6 +29,7 @@ from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.executor import InlineExecutor, PoolExecutor
 from lmforge.sample_data.wet import write_sample_wet
 from tests.s3_server import make_bucket
+from tests.shard_listing import listed_shards
 
 N_INPUTS = 5  # four on S3, one over https
 DOCS = 60
@@ -251,9 +252,9 @@ def s3_run(s3_endpoint, https_input, corpus, tmp_path_factory) -> dict:
 
 
 def compared(files: dict[str, bytes]) -> dict[str, bytes]:
-    """What must not depend on where the output lives: the shards, the lineage, the manifest."""
+    """What must not depend on where the output lives: the shards, the lineage, the manifest and its indexes."""
     return {rel: data for rel, data in files.items()
-            if rel.startswith(("shards/", "lineage/")) or rel == "manifest.json"}
+            if rel.startswith(("shards/", "index/", "lineage/")) or rel == "manifest.json"}
 
 
 def partition_bytes(files: dict[str, bytes], sizes: dict[str, int], inputs: list[str]) -> list[int]:
@@ -270,8 +271,9 @@ def test_s3_run_keeps_local_disk_to_one_partition_and_matches_a_local_run(s3_end
     files = s3_run["files"]
     manifest = json.loads(files["manifest.json"])
     inputs = json.loads(files["work/inputs.json"])
-    assert manifest["inputs"] == inputs == sorted(corpus["sizes"])
-    assert manifest["shards"] and all(s["path"] in files for s in manifest["shards"])
+    assert "inputs" not in manifest and inputs == sorted(corpus["sizes"])  # the inputs stay in work/inputs.json
+    shards = listed_shards(manifest, files.get)
+    assert shards and all(s["path"] in files and s["sidecar_path"] in files for s in shards)
     assert any(rel.startswith("lineage/") for rel in files)
     assert {"tokenizer.json", "report.json", "report.html"} <= set(files)
     # every input yielded documents, the https one included

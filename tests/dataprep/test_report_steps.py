@@ -177,7 +177,7 @@ def test_report_reads_task_summaries_one_at_a_time(scored_run):
     are folded into the merged stats as they are read."""
     store = LocalStore(scored_run)
     summaries: list[dict] = []
-    groups = _step_lists(store, [layout.input_stats(0), layout.input_stats(1)], summaries)
+    groups = _step_lists(store, [layout.input_stats(0), layout.input_stats(1)], summaries.append)
     first = next(groups)
     assert [s["name"] for s in first][:2] == ["read", "url_dedup"] and len(summaries) == 1
     merged = merge_stats([first, *groups])

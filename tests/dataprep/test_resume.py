@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from lmforge.dataprep import layout
 from lmforge.dataprep.config import MinHashConfig
 from lmforge.dataprep.minhash import lsh_params
+from lmforge.dataprep.stages import DEFAULT_MAX_ROUNDS, GLOBAL_STAGES, ROUNDS
 from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import lineage_rows, manifest, run_cli
 
-SMALL = ["--set", "tokenizer.vocab_size=800", "--set", "shards.shard_tokens=30000", "--set", "shards.val_fraction=0.05"]
+SMALL = ["--set", "tokenizer.vocab_size=800", "--set", "shards.shard_tokens=30000", "--set", "shards.val_fraction=0.05",
+         "--set", "components.tasks=3"]  # the components in rounds over several tasks
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def inputs(tmp_path_factory):
 
 def _fingerprint(out: Path) -> dict[str, bytes]:
     files = {}
-    for sub in ("shards", "lineage"):
+    for sub in ("shards", "index", "lineage"):
         for path in sorted((out / sub).iterdir()):
             files[f"{sub}/{path.name}"] = path.read_bytes()
     files["manifest.json"] = (out / "manifest.json").read_bytes()
@@ -103,8 +106,9 @@ def test_key_range_partitions_give_the_same_result(inputs, reference, tmp_path):
     assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 1, *SMALL,
                    "--set", "minhash.partitions_per_band=3") == 0
     bands, _ = lsh_params(MinHashConfig())
-    edge_files = sorted(p.name for p in (out / "work" / "dedup").glob("edges-*.npy"))
+    edge_files = list((out / "work" / "dedup" / "edges").glob("*/*.npy"))
     assert len(edge_files) == (bands + 2) * 3  # every key column (bands, URL, content) in 3 key-range slices
+    assert all((out / layout.edges(p)).exists() for p in range(len(edge_files)))
     ref, sliced = manifest(reference), manifest(out)
     assert [s["sha256"] for s in sliced["shards"]] == [s["sha256"] for s in ref["shards"]]
 
@@ -114,11 +118,14 @@ def _staged_run(inputs, out: Path, workers: int) -> None:
     for k in range(workers):
         assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 1, *SMALL,
                        "--worker-index", k, "--num-workers", workers) == 0
-    for stage in ("dedup", "cluster", "tokenizer", "tokenize", "shards"):
-        sliced = stage in {"dedup", "cluster", "tokenize", "shards"}
-        for k in range(workers if sliced else 1):
-            slice_args = ["--workers", 1, "--worker-index", k, "--num-workers", workers] if sliced else []
-            assert run_cli(stage, "--output", out, *slice_args) == 0, stage
+    for stage in GLOBAL_STAGES:  # as the chart's Jobs run them: one per stage, one per round
+        if stage.name == "report":
+            break
+        for round_ in range(DEFAULT_MAX_ROUNDS if stage.kind == ROUNDS else 1):
+            for k in range(workers if stage.split else 1):
+                slice_args = ["--workers", 1, "--worker-index", k, "--num-workers", workers] if stage.split else []
+                round_args = ["--round", round_] if stage.kind == ROUNDS else []
+                assert run_cli(stage.name, "--output", out, *slice_args, *round_args) == 0, stage
     assert not (out / "manifest.json").exists()  # a slice never writes it: the report stage does
     assert run_cli("report", "--output", out) == 0
 

@@ -8,6 +8,7 @@ import boto3
 
 from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import run_cli
+from tests.shard_listing import bucket_shards
 
 
 def test_run_reads_and_writes_s3(s3, tmp_path):
@@ -23,8 +24,10 @@ def test_run_reads_and_writes_s3(s3, tmp_path):
     keys = {o["Key"] for o in boto3.client("s3", endpoint_url=endpoint).list_objects_v2(
         Bucket="lmf-data", Prefix="prepared/run1/")["Contents"]}
     manifest = json.loads(client.get_object(Bucket="lmf-data", Key="prepared/run1/manifest.json")["Body"].read())
-    assert manifest["inputs"] == ["s3://lmf-data/crawl/in-1.warc.wet.gz", "s3://lmf-data/crawl/in-2.warc.wet.gz"]
-    for shard in manifest["shards"]:
-        assert f"prepared/run1/{shard['path']}" in keys
+    inputs = json.loads(client.get_object(Bucket="lmf-data", Key="prepared/run1/work/inputs.json")["Body"].read())
+    assert inputs == ["s3://lmf-data/crawl/in-1.warc.wet.gz", "s3://lmf-data/crawl/in-2.warc.wet.gz"]
+    assert "inputs" not in manifest
+    for shard in bucket_shards(client, "lmf-data", "prepared/run1"):
+        assert {f"prepared/run1/{shard['path']}", f"prepared/run1/{shard['sidecar_path']}"} <= keys
     assert {"prepared/run1/tokenizer.json", "prepared/run1/report.html", "prepared/run1/report.json"} <= keys
     assert any(k.startswith("prepared/run1/lineage/") for k in keys)

@@ -57,30 +57,37 @@ def test_the_scaling_doc_tables_are_what_the_scale_model_computes():
         "docs/scaling.md's tables were edited by hand: rerun bench/scale_model.py --write docs/scaling.md"
 
 
-def test_the_scale_model_splits_dedup_and_clustering_as_the_pipeline_does():
-    """Dedup tasks are (bands + 2) x partitions_per_band and cluster tasks at most one per partition,
-    as dedup_global plans them, so the settings the model picks are ones the pipeline runs."""
-    from lmforge.dataprep.config import MinHashConfig
-    from lmforge.dataprep.dedup_global import PartitionPlan, cluster_groups
+def test_the_scale_model_counts_the_tasks_the_pipeline_plans():
+    """The partitions, combine ranges and input groups the model uses are what the code chooses for
+    the same inputs (dedup_plan.choose_counts) and the task lists the stages build from them."""
+    from lmforge.dataprep.combine import combine_tasks
+    from lmforge.dataprep.config import DataprepConfig, MinHashConfig
+    from lmforge.dataprep.dedup_global import PartitionPlan
+    from lmforge.dataprep.dedup_plan import choose_counts
 
     model = _bench("scale_model")
-    crawl = model.Crawl(model.PROVISIONAL, 10.0, 3e9, 90_000)
-    for ppb, tasks in ((1, 1), (7, 5), (2, 1000)):
-        config = MinHashConfig(partitions_per_band=ppb, cluster_tasks=tasks)
-        dedup = crawl.dedup(ppb)
-        assert dedup["tasks"] == PartitionPlan.from_config(config).count
-        assert crawl.cluster(tasks, dedup["tasks"])["tasks"] == len(cluster_groups(config))
+    for n_inputs, size in ((90_000, 111e6), (3_000, 40e6), (300, 2e9)):
+        counts = model.code_counts(n_inputs, size)
+        chosen = choose_counts(MinHashConfig(), counts["bands"], [int(size)] * n_inputs)
+        assert (counts["ppb"], counts["combine_partitions"]) == (chosen["partitions_per_band"],
+                                                                  chosen["combine_partitions"])
+        config = DataprepConfig.model_validate({"minhash": {"partitions_per_band": counts["ppb"],
+                                                            "combine_partitions": counts["combine_partitions"]}})
+        assert counts["partitions"] == PartitionPlan.from_config(config.minhash).count
+        assert counts["groups"] * counts["ranges"] == len(combine_tasks(config, n_inputs))
 
 
-def test_the_scale_model_reads_dedup_key_files_as_the_pipeline_writes_them():
-    """24 bytes per (doc id, key, signature row) entry, every document once per key column, a
-    header of P + 2 words; the dedup reads READ_THREADS at a time."""
-    from lmforge.dataprep import dedup_global, dedup_keys
+def test_the_scale_model_sizes_key_files_as_the_pipeline_writes_them():
+    """Per document: a 24-byte (doc id, key, row) triple in every key column's section and its
+    num_perm uint32 signature in every band's; a header of P + 2 words."""
+    from lmforge.dataprep import dedup_keys
 
     model = _bench("scale_model")
-    assert model.READ_THREADS == dedup_global.READ_THREADS
-    ids = np.arange(10, dtype=np.uint64)
-    keys = np.random.default_rng(0).integers(0, 2**63, size=(10, 3), dtype=np.uint64)
-    sections = [(column, key_slice) for column in range(3) for key_slice in range(2)]
-    blob = dedup_keys.encode_keys(ids, keys, sections, 2)
-    assert len(blob) == 8 * (len(sections) + 2) + 24 * len(ids) * 3
+    bands, num_perm, docs, slices = 3, 16, 10, 2
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 2**63, size=(docs, bands + 2), dtype=np.uint64)
+    signatures = rng.integers(0, 2**32, size=(docs, num_perm), dtype=np.uint32)
+    sections = [(column, key_slice) for column in range(bands + 2) for key_slice in range(slices)]
+    blob = dedup_keys.encode_keys(np.arange(docs, dtype=np.uint64), keys, sections, slices, signatures,
+                                  signed=bands * slices)
+    assert len(blob) == 8 * (len(sections) + 2) + docs * model.key_row_bytes(bands, num_perm)

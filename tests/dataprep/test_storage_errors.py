@@ -20,8 +20,11 @@ import pytest
 
 from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import run_cli
+from tests.shard_listing import listed_shards
 
-SMALL = ["--set", "tokenizer.vocab_size=600", "--set", "shards.val_fraction=0"]
+# MinHash signatures of 16 values: the dedup key files (signatures in every band section) stay smaller
+# than a shard, the file this test makes the one that does not fit
+SMALL = ["--set", "tokenizer.vocab_size=600", "--set", "shards.val_fraction=0", "--set", "minhash.num_perm=16"]
 # the child sets its own file-size limit, then runs the CLI as `python -m lmforge.dataprep` would
 LIMITED = ("import resource, runpy, signal, sys; limit = int(sys.argv.pop(1)); "
            "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)); signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
@@ -89,5 +92,6 @@ def test_disk_full_is_one_line_exit_4_and_a_rerun_writes_identical_shards(tmp_pa
     assert shards and sorted(rel for rel in after if rel.startswith("shards/")) == shards
     for rel in shards:
         assert after[rel] == reference[rel], rel
-    digests = [[s["sha256"] for s in json.loads(tree["manifest.json"])["shards"]] for tree in (after, reference)]
+    digests = [[s["sha256"] for s in listed_shards(json.loads(tree["manifest.json"]), tree.get)]
+               for tree in (after, reference)]
     assert digests[0] == digests[1]

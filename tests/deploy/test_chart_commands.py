@@ -14,6 +14,7 @@ from lmforge.canary.cli import CLI as CANARY
 from lmforge.canary.evalset import load_eval_set
 from lmforge.dataprep.cli import CLI as DATAPREP
 from lmforge.dataprep.config import load_dataprep_config
+from lmforge.dataprep.stages import DEFAULT_MAX_ROUNDS, GLOBAL_STAGES, ROUNDS, stage
 from lmforge.inference.cli import CLI as SERVE
 from lmforge.trainer import __main__ as trainer_main
 from lmforge.trainer.config import TrainConfig
@@ -189,11 +190,13 @@ def test_dataprep_commands(name):
                 assert config.steps.quality.type == "classifier" and config.steps.quality.keep_if == {"hq": 0.5}
             assert (args.pushgateway is None) == (name == "observability-off")
         else:  # a global stage: its Job's tasks split as the CLI splits them
-            assert args.command in ("dedup", "cluster", "tokenizer", "tokenize", "shards", "report"), where
             assert not args.overrides and DATAPREP.load_config(args) is None  # reuses the workers' recorded config
-            if args.command in ("dedup", "tokenize", "shards"):
+            if stage(args.command).split:
                 assert args.worker_index is None and args.num_workers >= 1 and args.workers >= 1, where
-    assert commands in ([], ["run", "dedup", "cluster", "tokenizer", "tokenize", "shards", "report"])
+            if stage(args.command).kind == ROUNDS:
+                assert args.round == commands.count(args.command) - 1, where  # one Job per round, in order
+    expected = ["run"] + [s.name for s in GLOBAL_STAGES for _ in range(DEFAULT_MAX_ROUNDS if s.kind == ROUNDS else 1)]
+    assert commands in ([], expected)
 
 
 @pytest.mark.parametrize("name", [n for n in SETS if n != "vllm"])  # vLLM's pod: test_chart_vllm.py

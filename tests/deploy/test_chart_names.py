@@ -12,6 +12,7 @@ import pytest
 import yaml
 from helm_python import Chart
 
+from lmforge.dataprep.stages import DEFAULT_MAX_ROUNDS, GLOBAL_STAGES, ROUNDS
 from tests.deploy.chart_values import (
     KUBE_VERSION,
     MULTI_NODE_GPU,
@@ -259,7 +260,8 @@ def _dataprep(**settings) -> dict:
     return {"dataprep": {"enabled": True, "workers": 4, "parallelism": 2, **settings}}
 
 
-ROLES = ("workers", "dedup", "cluster", "tokenizer", "tokenize", "shards", "report")
+ROLES = ("workers", *(f"{s.name}-{r:02d}" if s.kind == ROUNDS else s.name for s in GLOBAL_STAGES
+                     for r in range(DEFAULT_MAX_ROUNDS if s.kind == ROUNDS else 1)))
 
 
 def test_dataprep_jobs_are_named_after_the_run_default_the_output():

@@ -5,12 +5,15 @@ bad values by name, and the workloads keep the platform's security, access and w
 from __future__ import annotations
 
 import re
+import typing
 
 import helm_python
 import kubernetes_validate
 import pytest
 from helm_python import Chart, HelmRenderError, HelmValuesError
 
+from lmforge.dataprep.stages import DEFAULT_MAX_ROUNDS, GLOBAL_STAGES, ROUNDS, chart_json, stage
+from lmforge_pipelines.chart import chart_defaults
 from tests.deploy.chart_values import (
     CRD_KINDS,
     KUBE_VERSION,
@@ -533,15 +536,20 @@ def test_monitor_selectors_match_the_pods_and_ports_they_scrape():
     assert "metrics_port=9401" in container(master["spec"], "uploader")["args"]
 
 
-GLOBAL_STAGES = ["dedup", "cluster", "tokenizer", "tokenize", "shards", "report"]
-INDEXED_STAGES = {"dedup", "cluster", "tokenize", "shards"}
+def _stage_jobs(name: str = "multi-node-gpu", prefix: str = "lmforge-dataprep-cc-main-2024-22-") -> dict:
+    jobs = {j["metadata"]["name"]: j for j in find(list(rendered(name)), "Job")}
+    return {name.removeprefix(prefix): job for name, job in jobs.items() if name.startswith(prefix)}
+
+
+def _expected_roles(rounds: int = DEFAULT_MAX_ROUNDS) -> list[str]:
+    """The global stages' Jobs in order, as lmforge.dataprep.stages declares them."""
+    return [f"{stage.name}-{r:02d}" if stage.kind == ROUNDS else stage.name
+            for stage in GLOBAL_STAGES for r in range(rounds if stage.kind == ROUNDS else 1)]
 
 
 def test_dataprep_indexed_workers_then_one_hook_job_per_global_stage():
-    jobs = {j["metadata"]["name"]: j for j in find(list(rendered("multi-node-gpu")), "Job")}
-    # Named after the run: by default the output's last segment.
-    prefix = "lmforge-dataprep-cc-main-2024-22-"
-    workers = jobs[prefix + "workers"]
+    stages = _stage_jobs()
+    workers = stages.pop("workers")
     spec = workers["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == 64 and spec["parallelism"] == 32
     assert spec["template"]["spec"]["restartPolicy"] == "Never" and spec["backoffLimitPerIndex"] == 2
@@ -550,15 +558,15 @@ def test_dataprep_indexed_workers_then_one_hook_job_per_global_stage():
     assert "--worker-index" not in args  # JOB_COMPLETION_INDEX, set by Kubernetes
     assert "annotations" not in workers["metadata"]  # not a hook: --wait-for-jobs waits for it first
 
-    # No single pod runs the global stages: one hook Job each, run by Helm in ascending weight.
-    stages = {name.removeprefix(prefix): job for name, job in jobs.items()
-              if name.startswith(prefix) and name != prefix + "workers"}
-    assert set(stages) == set(GLOBAL_STAGES)
+    # No single pod runs the global stages: one hook Job each (one per round for the components),
+    # run by Helm in ascending weight, in the declared order.
+    expected = _expected_roles()
     weights = {name: int(job["metadata"]["annotations"]["helm.sh/hook-weight"]) for name, job in stages.items()}
-    assert sorted(stages, key=weights.get) == GLOBAL_STAGES and len(set(weights.values())) == len(GLOBAL_STAGES)
-    tasks = {"dedup": 32, "cluster": 1, "tokenize": 8, "shards": 64}  # the set's and the chart's defaults
-    parallelism = {"dedup": 16, "cluster": 1, "tokenize": 8, "shards": 32}
-    for name, job in stages.items():
+    assert sorted(stages, key=weights.get) == expected and len(set(weights.values())) == len(expected)
+    tasks = {"combine": 8, "dedup": 32, "components": 8, "tokenize": 8, "shards": 64}  # the set's and chart's defaults
+    parallelism = {"combine": 8, "dedup": 16, "components": 8, "tokenize": 8, "shards": 32}
+    for role, job in stages.items():
+        name, _, round_ = role.partition("-")
         annotations, spec = job["metadata"]["annotations"], job["spec"]
         assert annotations["helm.sh/hook"] == "post-install,post-upgrade", name
         assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation", name
@@ -573,15 +581,45 @@ def test_dataprep_indexed_workers_then_one_hook_job_per_global_stage():
         assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": c["name"], "operator": "In",
                                                                   "values": [2, 3]}}
         assert rules[1]["action"] == "Ignore" and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
-        if name in INDEXED_STAGES:
+        if stage(name).split:
             assert spec["completionMode"] == "Indexed", name
             assert (spec["completions"], spec["parallelism"]) == (tasks[name], parallelism[name])
             assert spec["backoffLimitPerIndex"] == 2 and spec["maxFailedIndexes"] == 0
+            rounds = ["--round", str(int(round_))] if round_ else []
             assert c["args"][3:] == ["--num-workers", str(tasks[name]),
-                                     "--workers", "2" if name == "shards" else "1"]
+                                     "--workers", "2" if name == "shards" else "1", *rounds]
         else:
             assert "completionMode" not in spec and "completions" not in spec, name
             assert spec["backoffLimit"] == 2 and c["args"][3:] == []
+
+
+def _stage_jobs_from(values: dict, prefix: str = "lmforge-dataprep-cc-main-2024-22-") -> list[str]:
+    jobs = find(render(values, namespace=NAMESPACE), "Job")
+    return [j["metadata"]["name"].removeprefix(prefix) for j in jobs]
+
+
+def test_dataprep_rounds_follow_the_recorded_config_and_every_stage_needs_settings():
+    values = {"dataprep": {"enabled": True, "config": {"components": {"max_rounds": 3}}}}
+    roles = [r for r in _stage_jobs_from(values) if r != "workers"]
+    assert roles == _expected_roles(3)
+    missing = {"dataprep": {"enabled": True, "stages": {"combine": None}}}
+    with pytest.raises((HelmValuesError, HelmRenderError), match=r"combine"):  # the schema refuses it first
+        _stage_jobs_from(missing)
+
+
+def test_chart_stage_list_is_the_declared_one():
+    """helm/lmforge/dataprep-stages.json is lmforge.dataprep.stages' (make docs writes it), and the
+    values have one settings entry per stage, of the stage's kind."""
+    from lmforge.common.chart_values import DataprepIndexedStage, DataprepStages
+
+    assert (CHART / "dataprep-stages.json").read_text() == chart_json()
+    hints = typing.get_type_hints(DataprepStages)  # Required[Annotated[...]] → the section type
+    assert list(hints) == [s.name for s in GLOBAL_STAGES]
+    defaults = chart_defaults()["dataprep"]["stages"]
+    assert list(defaults) == [s.name for s in GLOBAL_STAGES]
+    for s in GLOBAL_STAGES:
+        assert ("tasks" in defaults[s.name]) == s.split, s.name
+        assert (hints[s.name] is DataprepIndexedStage) == s.split, s.name
 
 
 @pytest.mark.parametrize("name", ["default", "multi-node-gpu", "cpu-only"])

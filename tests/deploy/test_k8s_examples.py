@@ -7,6 +7,8 @@ import pytest
 import yaml
 
 from lmforge.dataprep.cli import CLI
+from lmforge.dataprep.config import load_dataprep_config
+from lmforge.dataprep.stages import GLOBAL_STAGES, ROUNDS, stage
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "k8s" / "examples").glob("*.yaml"))
 
@@ -32,15 +34,21 @@ def test_dataprep_jobs_run_real_cli_commands():
     worker_args = CLI.parse_args(workers["template"]["spec"]["containers"][0]["args"])
     assert worker_args.command == "run" and worker_args.worker_index is None  # taken from JOB_COMPLETION_INDEX
     assert worker_args.num_workers == workers["completions"]
-    # Then one Job per global stage, in order; the Indexed ones split the stage's tasks.
-    stages = [name.removeprefix("lmforge-dataprep-") for name in jobs if name != "lmforge-dataprep-workers"]
-    assert stages == ["dedup", "cluster", "tokenizer", "tokenize", "shards", "report"]
-    for stage in stages:
-        spec = jobs[f"lmforge-dataprep-{stage}"]["spec"]
+    # Then one Job per global stage, in the declared order (one per round for the components, as
+    # many as the workers' recorded components.max_rounds); the split ones share the stage's tasks.
+    config = load_dataprep_config(None, worker_args.overrides)
+    expected = [f"{s.name}-{r:02d}" if s.kind == ROUNDS else s.name for s in GLOBAL_STAGES
+                for r in range(config.components.max_rounds if s.kind == ROUNDS else 1)]
+    roles = [name.removeprefix("lmforge-dataprep-") for name in jobs if name != "lmforge-dataprep-workers"]
+    assert roles == expected
+    for role in roles:
+        spec = jobs[f"lmforge-dataprep-{role}"]["spec"]
         args = CLI.parse_args(spec["template"]["spec"]["containers"][0]["args"])
-        assert args.command == stage and args.output == worker_args.output
-        if stage in ("dedup", "tokenize", "shards"):
+        name, _, round_ = role.partition("-")
+        assert args.command == name and args.output == worker_args.output
+        if stage(name).split:
             assert spec["completionMode"] == "Indexed" and spec["maxFailedIndexes"] == 0
             assert args.worker_index is None and args.num_workers == spec["completions"]
+            assert getattr(args, "round", None) == (int(round_) if round_ else None)
         else:
             assert "completionMode" not in spec

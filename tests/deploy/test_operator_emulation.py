@@ -31,6 +31,7 @@ import httpx
 import pytest
 
 from lmforge.common.checkpoint_layout import step_name
+from lmforge.dataprep.stages import GLOBAL_STAGES, ROUNDS
 from tests.deploy.emulation import (
     VENV_BIN,
     Cluster,
@@ -43,7 +44,10 @@ from tests.deploy.emulation import (
 from tests.helm_chart import find, render
 from tests.prometheus_tools import pushed_groups, pushed_value, running_pushgateway
 from tests.s3_server import make_bucket
+from tests.shard_listing import bucket_shards
 from tests.trainer.helpers import random_output, read_metrics
+
+ROUNDS_RUN = 3  # components rounds the data-prep emulation schedules (components.max_rounds)
 
 pytestmark = pytest.mark.slow
 
@@ -356,13 +360,16 @@ def test_dataprep_indexed_job_workers_then_every_stage_job(s3_endpoint, pushgate
     objects = render({**s3_values(s3_endpoint), "dataprep": {
         "enabled": True, "input": ["s3://emu-data/wet/*.warc.wet.gz"], "output": "s3://emu-data/datasets/emu",
         "workers": 2, "parallelism": 2,
-        "stages": {"dedup": {"tasks": 3, "parallelism": 2}, "tokenize": indexed, "shards": indexed},
-        "config": {"tokenizer": {"vocab_size": 600}, "shards": {"val_fraction": 0.05}}}})
+        "stages": {"dedup": {"tasks": 3, "parallelism": 2}, "tokenize": indexed, "shards": indexed,
+                   "components": indexed, "combine": indexed},
+        "config": {"tokenizer": {"vocab_size": 600}, "shards": {"val_fraction": 0.05},
+                   "components": {"tasks": 2, "max_rounds": ROUNDS_RUN}}}})
     # Named after the run, by default the output's last segment.
     (workers,) = find(objects, "Job", "lmforge-dataprep-emu-workers")
     stages = hook_jobs_in_helm_order(objects)
     assert [j["metadata"]["name"] for j in stages] == [
-        f"lmforge-dataprep-emu-{s}" for s in ("dedup", "cluster", "tokenizer", "tokenize", "shards", "report")]
+        f"lmforge-dataprep-emu-{s.name}-{r:02d}" if s.kind == ROUNDS else f"lmforge-dataprep-emu-{s.name}"
+        for s in GLOBAL_STAGES for r in range(ROUNDS_RUN if s.kind == ROUNDS else 1)]
     assert workers["spec"]["completionMode"] == "Indexed"
     completions = workers["spec"]["completions"]
 
@@ -385,11 +392,13 @@ def test_dataprep_indexed_job_workers_then_every_stage_job(s3_endpoint, pushgate
 
     stored = keys(client, "emu-data", "datasets/emu/")
     manifest = json.loads(client.get_object(Bucket="emu-data", Key="datasets/emu/manifest.json")["Body"].read())
-    assert manifest["inputs"] == ["s3://emu-data/wet/in-1.warc.wet.gz", "s3://emu-data/wet/in-2.warc.wet.gz"]
-    assert {s["split"] for s in manifest["shards"]} == {"train", "val"}
-    assert all(f"datasets/emu/{s['path']}" in stored for s in manifest["shards"])
+    inputs = json.loads(client.get_object(Bucket="emu-data", Key="datasets/emu/work/inputs.json")["Body"].read())
+    assert inputs == ["s3://emu-data/wet/in-1.warc.wet.gz", "s3://emu-data/wet/in-2.warc.wet.gz"]
+    shards = bucket_shards(client, "emu-data", "datasets/emu")
+    assert {s["split"] for s in shards} == set(manifest["splits"]) == {"train", "val"}
+    assert all(f"datasets/emu/{s['path']}" in stored for s in shards)
     assert {"datasets/emu/tokenizer.json", "datasets/emu/report.json"} <= stored
     # Each shards pod wrote its own partitions' shards: shards/{split}_{partition}_{k}.bin.
     partitions = {re.fullmatch(r"shards/train_(\d{6})_\d{4}\.bin", s["path"]).group(1)
-                  for s in manifest["shards"] if s["split"] == "train"}
+                  for s in shards if s["split"] == "train"}
     assert partitions == {"000000", "000001"}  # one per input (shards.inputs_per_partition: 1)

@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from lmforge.sample_data.wet import write_sample_wet
-from tests.images.engine import BUILD_FLAGS, ENGINE, IS_PODMAN, REPO, RUN_FLAGS, SERVICES, UID, build_image, engine, run
+from tests.images.engine import ENGINE, IS_PODMAN, REPO, RUN_FLAGS, SERVICES, UID, engine, run
 from tests.ports import free_port
+from tests.shard_listing import local_shards
 
 # What each image runs, its own lmforge distributions, and third-party distributions that must
 # and must not be in it (docs/design.md: a service depends only on what it uses). dataprep and
@@ -216,31 +217,11 @@ def test_inference_image_serves_a_model(build, tiny_package):
         engine("rm", "--force", name, check=False)
 
 
-TORCH_BASE = "localhost/lmforge-test-torch-base:bookworm"
-
-
-@pytest.fixture(scope="session")
-def torch_base_image(base_image, build, tmp_path_factory) -> str:
-    """A stand-in for a CUDA PyTorch base: the local base with torch (and what it needs) in
-    the system Python's dist-packages, as such images have it."""
-    if engine("image", "exists", TORCH_BASE, check=False).returncode == 0:
-        return TORCH_BASE
-    build("inference")  # its build context holds the torch wheel and torch's dependencies
-    context = tmp_path_factory.mktemp("torch-base")
-    shutil.copytree(REPO / "build" / "images" / "inference" / "deps", context / "wheels")
-    (context / "Containerfile").write_text(
-        f"FROM {base_image}\nCOPY wheels /wheels\n"
-        "RUN python3 -m venv /tmp/v && /tmp/v/bin/pip install --no-index --find-links /wheels"
-        " --target /usr/local/lib/python3.11/dist-packages torch && rm -rf /tmp/v /wheels\n")
-    engine("build", *BUILD_FLAGS, "--tag", TORCH_BASE, str(context), timeout=900)
-    return TORCH_BASE
-
-
-def test_inference_image_uses_the_torch_of_its_base(torch_base_image, tiny_package):
+def test_inference_image_uses_the_torch_of_its_base(inference_on_torch_base, tiny_package):
     """On a base that has torch (TORCH_SOURCE=auto), the image takes the base's torch and
-    installs none of the lock's `# with torch` distributions, and still serves."""
-    tag = "lmforge/inference:test-torch-base"
-    result = build_image("inference", tag, torch_base_image, TORCH_SOURCE="auto")
+    installs none of the lock's `# with torch` distributions, and still serves (the base, and the
+    image's docker/build.sh, are built in the background: conftest.py)."""
+    tag, result = inference_on_torch_base
     assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
     script = ("import json, torch, sympy, lmforge.inference, importlib.metadata as m; print(json.dumps("
               "[torch.__file__, sympy.__file__, sorted(d.metadata['Name'].lower() for d in m.distributions("
@@ -288,7 +269,7 @@ def test_the_flow_through_the_images(build, tmp_path):
     write_sample_wet(data / "sample.warc.wet.gz", 300, 7)  # here: no image carries the generator
     engine("run", *flags, dataprep, "run", "--input", "/data/sample.warc.wet.gz", "--output", "/data/prep",
            "--set", "tokenizer.vocab_size=512", "--set", "shards.shard_tokens=20000", timeout=300)
-    assert json.loads((data / "prep" / "manifest.json").read_text())["shards"]
+    assert local_shards(data / "prep")
     engine("run", *flags, "--shm-size", "256m", trainer, "run", "--nproc", "2", "data.sources=[{path: /data/prep}]",
            "parallel.mode=fsdp", "steps=6", "data.seq_len=64", "data.batch_size=2", "eval_every=3",
            "checkpoint.every=3", "log_every=2", "run_dir=/data/train", timeout=300)

@@ -22,9 +22,12 @@ import boto3
 import pytest
 import yaml
 
+from lmforge.dataprep import stages
+from lmforge.dataprep.stages import GLOBAL_STAGES
 from lmforge.sample_data.inputs import write_sample_inputs
 from tests.images.engine import ENGINE, RUN_FLAGS, TAG, engine
 from tests.images.kfp_runner import PipelineRunner
+from tests.shard_listing import bucket_shards
 
 pytestmark = [
     pytest.mark.images,
@@ -35,7 +38,10 @@ pytestmark = [
 
 BUCKET = "lmforge"
 DATA = f"s3://{BUCKET}/datasets/sample"
-DATAPREP_CONFIG = {"tokenizer": {"vocab_size": 512}, "shards": {"shard_tokens": 20000, "val_fraction": 0.1}}
+MAX_ROUNDS = 3  # of the duplicate components: the pipeline is compiled with as many as the config allows
+DATAPREP_CONFIG = {"tokenizer": {"vocab_size": 512}, "shards": {"shard_tokens": 20000, "val_fraction": 0.1},
+                   "components": {"max_rounds": MAX_ROUNDS}}
+STAGE_TASKS = {"combine": 1, "dedup": 2, "components": 2, "tokenize": 1, "shards": 2}
 TRAIN_CONFIG = {"data": {"seq_len": 64, "batch_size": 4}, "optim": {"warmup_steps": 1},
                 "model": {"overrides": {"n_layer": 2, "n_embd": 64, "context_length": 64}}}
 STEPS = 6  # the final checkpoint is step 5
@@ -46,7 +52,8 @@ POINTER = f"s3://{BUCKET}/models/current"  # what the inference replicas follow 
 def compiled(tmp_path_factory) -> dict[str, dict]:
     """The pipelines compiled as `make pipelines` does, naming the images the tests build."""
     out = tmp_path_factory.mktemp("ir")
-    subprocess.run([sys.executable, "-m", "lmforge_pipelines.compile", "--output", str(out)], check=True,
+    subprocess.run([sys.executable, "-m", "lmforge_pipelines.compile", "--output", str(out),
+                    "--rounds", str(MAX_ROUNDS)], check=True,
                    env={**os.environ, "LMFORGE_IMAGE_TAG": TAG, "LMFORGE_IMAGE_REGISTRY": ""}, capture_output=True)
     return {name: yaml.safe_load((out / f"{name}.yaml").read_text()) for name in ("data", "train")}
 
@@ -82,7 +89,7 @@ def data_run(build, compiled, store, tmp_path_factory):
         client.upload_file(path, BUCKET, f"datasets/sample/wet/{os.path.basename(path)}")
     runner = PipelineRunner(compiled["data"], tmp_path_factory.mktemp("data-steps"), env=env, network="host")
     outputs = runner.run({"crawl": "sample", "shards": 2, "workers": 2, "languages": "en", "output": DATA,
-                          "processes_per_worker": 1, "dedup_tasks": 2, "tokenize_tasks": 1, "shard_tasks": 2,
+                          "processes_per_worker": 1, "stage_tasks": STAGE_TASKS,
                           "processes_per_task": 1, "dataprep_config": DATAPREP_CONFIG})
     print("".join(f"\n{step.task} ({step.image}): {step.seconds:.0f}s" for step in runner.steps))
     return runner, outputs
@@ -92,22 +99,29 @@ def test_data_pipeline_steps_run_in_the_dataprep_image(data_run, compiled, store
     runner, outputs = data_run
     client, _ = store
     ran = [step.task for step in runner.steps]
-    assert ran == ["fetch-wet", "plan-workers", "prep-worker", "prep-worker", "plan-tasks", "dedup-task",
-                   "dedup-task", "cluster-duplicates", "train-tokenizer", "plan-tasks-2", "tokenize-task",
-                   "plan-tasks-3", "shards-task", "shards-task", "report-data"]
+    assert ran[:4] == ["fetch-wet", "plan-workers", "prep-worker", "prep-worker"] and ran[-1] == "report-data"
     assert {step.image for step in runner.steps} == {f"lmforge/dataprep:{TAG}"}
     assert {f"exec-{task}" for task in ran} == _executors(compiled["data"])  # every component ran
     assert [step.executor_input["inputs"]["parameterValues"]["worker_index"] for step in runner.steps[2:4]] == [0, 1]
-    fanned = [(step.task, step.executor_input["inputs"]["parameterValues"]["task_index"]) for step in runner.steps
-              if step.task.endswith("-task")]
-    assert fanned == [("dedup-task", 0), ("dedup-task", 1), ("tokenize-task", 0), ("shards-task", 0),
-                      ("shards-task", 1)]
+    # Then the global stages in their declared order, each split one's tasks fanned out.
+    params = [step.executor_input["inputs"]["parameterValues"] for step in runner.steps[4:-1]]
+    fanned = [(p["stage"], p.get("round"), p["task_index"]) for p in params if "task_index" in p]
+    order = [s.name for s in GLOBAL_STAGES]
+    assert [stage for stage, _, _ in fanned] == sorted((stage for stage, _, _ in fanned), key=order.index)
+    for stage in GLOBAL_STAGES:
+        if stage.split and stage.kind != stages.ROUNDS:
+            assert [i for name, _, i in fanned if name == stage.name] == list(range(STAGE_TASKS[stage.name]))
+    rounds = sorted({r for name, r, _ in fanned if name == "components"})
+    assert rounds == list(range(MAX_ROUNDS))  # every round planned; those after the settled one do nothing
+    assert [i for name, _, i in fanned if name == "components"] == list(range(STAGE_TASKS["components"])) * MAX_ROUNDS
+    assert [p["stage"] for p in params if "task_index" not in p and "stage_tasks" not in p] == ["tokenizer"]
     # The shards are in the object store, listed by the manifest, with the report.
     assert outputs == {"data": DATA}
     keys = set(_keys(client, "datasets/sample/"))
     manifest = json.loads(client.get_object(Bucket=BUCKET, Key="datasets/sample/manifest.json")["Body"].read())
-    assert {s["split"] for s in manifest["shards"]} == {"train", "val"}
-    assert {f"datasets/sample/{s['path']}" for s in manifest["shards"]} <= keys
+    shards = bucket_shards(client, BUCKET, "datasets/sample")
+    assert {s["split"] for s in shards} == set(manifest["splits"]) == {"train", "val"}
+    assert {f"datasets/sample/{s['path']}" for s in shards} <= keys
     assert {"datasets/sample/tokenizer.json", "datasets/sample/report.html"} <= keys
     # The artifacts, written where KFP's launcher would upload them from.
     final = runner.steps[-1].artifacts

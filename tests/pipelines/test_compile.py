@@ -7,14 +7,15 @@ import yaml
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
+from lmforge.dataprep.stages import DEFAULT_MAX_ROUNDS, GLOBAL_STAGES, ROUNDS
 from lmforge_pipelines import compile as compile_module
 from lmforge_pipelines.images import DATAPREP_IMAGE, IMAGE_REGISTRY, IMAGE_TAG, TRAINER_IMAGE, image
 
 DATA_UI = {"crawl": ("STRING", "sample"), "shards": ("NUMBER_INTEGER", 2), "languages": ("STRING", "en"),
            "workers": ("NUMBER_INTEGER", 2), "output": ("STRING", "s3://lmforge/datasets/sample"),
            # the chart's dataprep.stages defaults
-           "dedup_tasks": ("NUMBER_INTEGER", 8), "tokenize_tasks": ("NUMBER_INTEGER", 8),
-           "shard_tasks": ("NUMBER_INTEGER", 8), "processes_per_task": ("NUMBER_INTEGER", 1),
+           "stage_tasks": ("STRUCT", {s.name: 8 for s in GLOBAL_STAGES if s.split}),
+           "processes_per_task": ("NUMBER_INTEGER", 1),
            "dataprep_config": ("STRUCT", {})}
 TRAIN_UI = {"data": ("STRING", "s3://lmforge/datasets/sample"), "model_preset": ("STRING", "tiny"),
             "steps": ("NUMBER_INTEGER", 1000), "nodes": ("NUMBER_INTEGER", 1), "gpus_per_node": ("NUMBER_INTEGER", 1),
@@ -68,35 +69,49 @@ def test_pipeline_spec_is_valid_ir_with_the_ui_parameters(compiled, name, ui, pi
         assert task["componentRef"]["name"] in raw["components"]
 
 
-def test_data_pipeline_fans_out_every_split_stage_and_collects(compiled):
+def _constant(task, name: str):
+    value = task.inputs.parameters[name].runtime_value.constant
+    return value.string_value if value.WhichOneof("kind") == "string_value" else int(value.number_value)
+
+
+def test_data_pipeline_is_built_from_the_declared_stages(compiled):
+    """After the workers' loop, the steps follow lmforge.dataprep.stages: a plan step and a
+    ParallelFor per split stage (per round for the components), a step per single stage, then the
+    report; each waits for the one before (fanned in after a loop)."""
     raw, spec = compiled["data"]
     tasks = spec.root.dag.tasks
-    assert set(tasks) == {"fetch-wet", "plan-workers", "for-loop-1", "plan-tasks", "for-loop-2", "cluster-duplicates",
-                          "train-tokenizer", "plan-tasks-2", "for-loop-3", "plan-tasks-3", "for-loop-4", "report-data"}
-    # One ParallelFor per split stage, over its plan step's indices, the task count passed to each.
-    loops = {"for-loop-1": ("plan-workers", "prep-worker", "workers"),
-             "for-loop-2": ("plan-tasks", "dedup-task", "dedup_tasks"),
-             "for-loop-3": ("plan-tasks-2", "tokenize-task", "tokenize_tasks"),
-             "for-loop-4": ("plan-tasks-3", "shards-task", "shard_tasks")}
-    for name, (plan, step, count) in loops.items():
-        loop = tasks[name]
-        assert loop.WhichOneof("iterator") == "parameter_iterator"
-        assert loop.parameter_iterator.items.input_parameter == f"pipelinechannel--{plan}-Output"
-        assert set(loop.dependent_tasks) == {plan}
-        (inner,) = spec.components[loop.component_ref.name].dag.tasks.values()
-        assert inner.component_ref.name == f"comp-{step}"
-        assert inner.inputs.parameters["num_workers" if step == "prep-worker" else "num_tasks"] \
-            .component_input_parameter == f"pipelinechannel--{count}"
-        if plan != "plan-workers":
-            stage = tasks[plan].inputs.parameters["stage"].runtime_value.constant.string_value
-            assert step == f"{stage}-task"
-    # The stages run in order: each step after a loop takes its tasks' outputs fanned in
-    # (dsl.Collected), so it runs after all of them.
-    order = ["for-loop-1", "plan-tasks", "for-loop-2", "cluster-duplicates", "train-tokenizer", "plan-tasks-2",
-             "for-loop-3", "plan-tasks-3", "for-loop-4", "report-data"]
-    for before, after in zip(order, order[1:]):
-        assert set(tasks[after].dependent_tasks) == {before}, after
-        if before.startswith("for-loop"):  # dsl.Collected
+    chain, name = [], "report-data"
+    while name != "plan-workers":
+        chain.append(name)
+        (name,) = tasks[name].dependent_tasks
+    chain.reverse()
+    assert chain[0] == "for-loop-1"
+    workers = tasks["for-loop-1"]
+    (inner,) = spec.components[workers.component_ref.name].dag.tasks.values()
+    assert inner.component_ref.name == "comp-prep-worker"
+    assert inner.inputs.parameters["num_workers"].component_input_parameter == "pipelinechannel--workers"
+    steps, position = [], 1
+    while position < len(chain) - 1:
+        step = tasks[chain[position]]
+        if step.component_ref.name.startswith("comp-plan-tasks"):
+            loop = tasks[chain[position + 1]]
+            assert loop.WhichOneof("iterator") == "parameter_iterator"
+            assert loop.parameter_iterator.items.input_parameter == f"pipelinechannel--{chain[position]}-Output"
+            (inner,) = spec.components[loop.component_ref.name].dag.tasks.values()
+            assert inner.component_ref.name.startswith("comp-stage-task")
+            assert inner.inputs.parameters["stage_tasks"].component_input_parameter == "pipelinechannel--stage_tasks"
+            steps.append((_constant(step, "stage"), _constant(step, "round")))
+            position += 2
+        else:
+            assert step.component_ref.name.startswith("comp-single-stage")
+            steps.append((_constant(step, "stage"), None))
+            position += 1
+    expected = [(s.name, r if s.split else None) for s in GLOBAL_STAGES if s.name != "report"
+                for r in range(DEFAULT_MAX_ROUNDS if s.kind == ROUNDS else 1)]
+    assert steps == expected
+    # A step after a loop takes its tasks' outputs fanned in (dsl.Collected), so it runs after all of them.
+    for before, after in zip(chain, chain[1:]):
+        if before.startswith("for-loop"):
             assert tasks[after].inputs.parameters["done"].task_output_parameter.producer_task == before
     # No task output hides in a constant as a placeholder (a list holding one): not every runner resolves those.
     assert "{{$.inputs.parameters" not in str(raw["root"]["dag"])
@@ -108,8 +123,10 @@ def test_data_pipeline_fans_out_every_split_stage_and_collects(compiled):
         assert executor["container"]["image"] == DATAPREP_IMAGE
         assert "pip install" not in " ".join(executor["container"]["command"])  # kfp comes with the image
     # A global-stage task asks for what the chart's stage pods ask for (one CPU, 2 GiB).
-    dedup = raw["deploymentSpec"]["executors"]["exec-dedup-task"]["container"]["resources"]
-    assert (dedup["resourceCpuRequest"], dedup["resourceMemoryLimit"]) == ("1", "2Gi")
+    for name, executor in raw["deploymentSpec"]["executors"].items():
+        if name.startswith(("exec-stage-task", "exec-single-stage")):
+            resources = executor["container"]["resources"]
+            assert (resources["resourceCpuRequest"], resources["resourceMemoryLimit"]) == ("1", "2Gi"), name
 
 
 def test_train_pipeline_chain_and_conditional_rollout(compiled):

@@ -20,6 +20,7 @@ from lmforge.common.shards import open_shard, read_doc_ends
 from lmforge.sample_data.inputs import write_sample_inputs
 from lmforge_pipelines import steps
 from lmforge_pipelines.launcher import newest_remote_step
+from tests.shard_listing import local_shards
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,7 +29,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:You may be attemping to run a task:RuntimeWarning"),
 ]
 
-DATAPREP_CONFIG = {"tokenizer": {"vocab_size": 512}, "shards": {"shard_tokens": 20000, "val_fraction": 0.1}}
+ROUNDS = 4  # of the duplicate components: the pipeline schedules as many as the config allows
+DATAPREP_CONFIG = {"tokenizer": {"vocab_size": 512}, "shards": {"shard_tokens": 20000, "val_fraction": 0.1},
+                   "components": {"max_rounds": ROUNDS}}
 TRAIN_CONFIG = {"data": {"seq_len": 64, "batch_size": 4}, "optim": {"warmup_steps": 1},
                 "model": {"overrides": {"n_layer": 2, "n_embd": 64, "context_length": 64}}}
 
@@ -44,12 +47,12 @@ def kfp_local(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data_run(kfp_local):
-    from lmforge_pipelines.data_pipeline import data_pipeline
+    from lmforge_pipelines.data_pipeline import build_data_pipeline, split_stage_tasks
 
     write_sample_inputs(kfp_local / "data" / steps.WET_DIR, 2, 150)  # where the fetch step takes them
-    task = data_pipeline(crawl="sample", shards=2, workers=2, languages="en", output=str(kfp_local / "data"),
-                         dedup_tasks=2, tokenize_tasks=2, shard_tasks=2, processes_per_task=1,
-                         dataprep_config=DATAPREP_CONFIG)
+    task = build_data_pipeline(ROUNDS)(crawl="sample", shards=2, workers=2, languages="en",
+                                       output=str(kfp_local / "data"), stage_tasks=split_stage_tasks(2),
+                                       processes_per_task=1, dataprep_config=DATAPREP_CONFIG)
     return kfp_local, task.outputs
 
 
@@ -82,13 +85,13 @@ def test_data_pipeline_writes_decodable_shards_and_the_report_artifact(data_run)
     assert report["inputs"]["records"] == 300 and report["dedup"]["removed"]["near_duplicate"] > 0
     assert set(report["languages"]) - {"en"}, "the corpus has other languages; only en is kept"
     tokenizer = Tokenizer.from_file(str(data / "tokenizer.json"))
-    splits = {s["split"] for s in manifest["shards"]}
-    assert splits == {"train", "val"}
-    for entry in manifest["shards"]:
+    shards = local_shards(data)
+    assert {s["split"] for s in shards} == set(manifest["splits"]) == {"train", "val"}
+    for entry in shards:
         header, tokens = open_shard(data / entry["path"])
         assert header.token_count == entry["tokens"] == len(tokens) and header.vocab_size == 512
-    header, tokens = open_shard(data / manifest["shards"][0]["path"])
-    first = tokenizer.decode(tokens[: read_doc_ends(data / manifest["shards"][0]["path"])[0]].tolist())
+    header, tokens = open_shard(data / shards[0]["path"])
+    first = tokenizer.decode(tokens[: read_doc_ends(data / shards[0]["path"])[0]].tolist())
     assert len(first) > 100 and sum(c.isalpha() for c in first) > 0.6 * len(first)
     # The artifacts: the HTML report for the UI, the dataset pointer with its metadata.
     report_html = outputs["report"]

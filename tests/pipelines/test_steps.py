@@ -71,15 +71,19 @@ def test_run_name_and_workers():
 
 
 def test_stage_tasks_are_checked_before_the_cli_runs(tmp_path):
-    assert steps.plan_tasks("shards", 3) == [0, 1, 2]
-    with pytest.raises(steps.StepError, match="tokenize tasks must be at least 1"):
-        steps.plan_tasks("tokenize", 0)
-    with pytest.raises(steps.StepError, match="'cluster' is not one of the split stages"):
-        steps.plan_tasks("cluster", 2)
+    out = str(tmp_path)
+    assert steps.plan_tasks("shards", {"shards": 3}, output=out) == [0, 1, 2]
+    assert steps.plan_tasks("combine", {}, output=out) == [0]  # a stage left out gets one task
+    with pytest.raises(steps.StepError, match=r"stage_tasks\['tokenize'\] must be a whole number ≥ 1, got 0"):
+        steps.plan_tasks("tokenize", {"tokenize": 0}, output=out)
+    with pytest.raises(steps.StepError, match="stage_tasks names no split stage: cluster"):
+        steps.plan_tasks("dedup", {"cluster": 2}, output=out)
+    with pytest.raises(steps.StepError, match="'tokenizer' is one task, not a split stage"):
+        steps.plan_tasks("tokenizer", {}, output=out)
     with pytest.raises(steps.StepError, match=r"dedup task_index 2 is not in \[0, 2\)"):
-        steps.stage_task(stage="dedup", output=str(tmp_path), task_index=2, num_tasks=2)
+        steps.stage_task(stage="dedup", output=out, task_index=2, num_tasks=2)
     with pytest.raises(steps.StepError, match="'finalize' is not a global data-prep stage"):
-        steps.stage_task(stage="finalize", output=str(tmp_path))
+        steps.stage_task(stage="finalize", output=out)
     assert not any(tmp_path.iterdir())
 
 

@@ -19,7 +19,7 @@ from lmforge.trainer.config import ParallelSection
 from lmforge.trainer.context_parallel import context_parallel_problems
 from lmforge.trainer.mesh_layout import MeshLayout, trainer_layout
 from tests.trainer.helpers import random_output, read_metrics
-from tests.trainer.test_parallel import STEPS, run_trainer, single_rank_reference
+from tests.trainer.test_parallel import STEPS, run_trainer
 from tests.trainer.test_tensor_parallel import refused_at_start
 
 # fp32 over 20 steps: the cp ranks' loss shares and gradient sums add in another order than one process.
@@ -27,11 +27,6 @@ TOLERANCE = 1e-5
 # With tp, test_tensor_parallel's: its sharded matmuls and row-parallel all-reduce add in another order
 # still, and Adam turns rounding-sized gradient differences into parameter-sized ones (steps up to ~1e-5).
 TP_TOLERANCE = 5e-5
-
-
-@pytest.fixture(scope="module")
-def llama_reference(tmp_path_factory):
-    return single_rank_reference(tmp_path_factory, "llama-debug")
 
 
 LEARNED = "model.overrides={n_layer: 2, n_head: 4, n_embd: 64, context_length: 32, positions: learned}"

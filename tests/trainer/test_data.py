@@ -11,7 +11,8 @@ import pytest
 
 from lmforge.common.errors import ConfigError, InputError, ShardFormatError
 from lmforge.common.shards import write_shard
-from lmforge.trainer.data import KeyedPermutation, MixtureSampler, ShardSource
+from lmforge.trainer.data import ShardSource
+from lmforge.trainer.sampling import BlockSampler, GlobalSampler, KeyedPermutation
 
 SEQ = 8
 
@@ -54,16 +55,16 @@ def test_sequences_are_shard_slices(tmp_path):
 
 def test_batches_are_a_pure_function_of_seed_step_rank(tmp_path):
     out = make_output(tmp_path, [4001])
-    a = MixtureSampler([ShardSource(out, "train", SEQ)], [1.0], seed=7)
-    b = MixtureSampler([ShardSource(out, "train", SEQ)], [1.0], seed=7)
+    a = GlobalSampler([ShardSource(out, "train", SEQ)], [1.0], seed=7)
+    b = GlobalSampler([ShardSource(out, "train", SEQ)], [1.0], seed=7)
     for step in (0, 3, 1000):
         assert np.array_equal(a.batch(step, 1, 2, 4)[0], b.batch(step, 1, 2, 4)[0])
-    c = MixtureSampler([ShardSource(out, "train", SEQ)], [1.0], seed=8)
+    c = GlobalSampler([ShardSource(out, "train", SEQ)], [1.0], seed=8)
     assert not np.array_equal(a.batch(0, 0, 1, 4)[0], c.batch(0, 0, 1, 4)[0])
 
 
 def test_global_batch_is_the_same_whatever_the_world_size(tmp_path):
-    sampler = MixtureSampler([ShardSource(make_output(tmp_path, [4001]), "train", SEQ)], [1.0], seed=1)
+    sampler = GlobalSampler([ShardSource(make_output(tmp_path, [4001]), "train", SEQ)], [1.0], seed=1)
     for step in (0, 5):
         one_rank = sampler.batch(step, 0, 1, 8)[0]
         two_ranks = np.concatenate([sampler.batch(step, r, 2, 4)[0] for r in (0, 1)])
@@ -73,7 +74,7 @@ def test_global_batch_is_the_same_whatever_the_world_size(tmp_path):
 
 def test_an_epoch_visits_every_sequence_once_then_reshuffles(tmp_path):
     source = ShardSource(make_output(tmp_path, [8 * 50 + 1]), "train", SEQ)
-    sampler = MixtureSampler([source], [1.0], seed=3)
+    sampler = GlobalSampler([source], [1.0], seed=3)
     first = [sampler.sample(q) for q in range(50)]
     second = [sampler.sample(q) for q in range(50, 100)]
     assert sorted(r.sequence for r in first) == list(range(50)) == sorted(r.sequence for r in second)
@@ -84,7 +85,7 @@ def test_an_epoch_visits_every_sequence_once_then_reshuffles(tmp_path):
 def test_mixture_proportions_follow_the_weights(tmp_path):
     web = ShardSource(make_output(tmp_path / "web", [8 * 500 + 1]), "train", SEQ, name="web")
     code = ShardSource(make_output(tmp_path / "code", [8 * 20 + 1], base=7), "train", SEQ, name="code")
-    sampler = MixtureSampler([web, code], [7, 3], seed=0)
+    sampler = GlobalSampler([web, code], [7, 3], seed=0)
     counts = Counter(r.source for q in range(0, 20000, 8) for r in sampler.batch_refs(q // 8, 0, 1, 8))
     assert counts[1] / sum(counts.values()) == pytest.approx(0.3, abs=0.02)
     assert max(sampler.sample(q).epoch for q in range(20000) if sampler.sample(q).source == 1) > 10
@@ -137,9 +138,9 @@ def test_bad_sources_and_mixtures_are_config_errors(tmp_path):
         ShardSource(out, "val", SEQ)
     other = make_output(tmp_path / "b", [401], tokenizer_sha="ef" * 32)
     with pytest.raises(ConfigError, match="different tokenizers"):
-        MixtureSampler([ShardSource(out, "train", SEQ), ShardSource(other, "train", SEQ)], [1, 1], 0)
+        GlobalSampler([ShardSource(out, "train", SEQ), ShardSource(other, "train", SEQ)], [1, 1], 0)
     with pytest.raises(ConfigError, match="weight"):
-        MixtureSampler([ShardSource(out, "train", SEQ)], [1, 1], 0)
+        GlobalSampler([ShardSource(out, "train", SEQ)], [1, 1], 0)
 
 
 def test_reads_a_real_data_prep_output(tmp_path):
@@ -154,7 +155,7 @@ def test_reads_a_real_data_prep_output(tmp_path):
                      "--set", "tokenizer.vocab_size=600", "--set", "shards.val_fraction=0.1"]) == 0
     train, val = ShardSource(out, "train", 64), ShardSource(out, "val", 64)
     assert train.num_sequences > val.num_sequences > 0
-    tokens, _ = MixtureSampler([train], [1.0], seed=0).batch(0, 0, 1, 2)
+    tokens, _ = BlockSampler([train], [1.0], seed=0).batch(0, 0, 1, 2)
     assert tokens.shape == (2, 65)
     text = Tokenizer.from_file(str(out / "tokenizer.json")).decode(tokens[0].tolist())
     assert len(text.split()) > 10

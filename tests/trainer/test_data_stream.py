@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,9 +16,11 @@ import pytest
 
 from lmforge.common.errors import ConfigError, InputError, ShardFormatError
 from lmforge.common.s3 import S3Bucket
+from lmforge.common.shard_index import read_split_index, write_split_index
 from lmforge.trainer.block_cache import BlockCache
-from lmforge.trainer.data import MixtureSampler, ShardSource
+from lmforge.trainer.data import ShardSource
 from lmforge.trainer.data_stream import StreamingSource, open_sources, read_batch
+from lmforge.trainer.sampling import BlockSampler
 from tests.s3_server import make_bucket
 from tests.trainer.helpers import random_output, read_metrics
 
@@ -55,8 +59,8 @@ def test_streamed_batches_equal_local_ones_within_a_bounded_cache(s3, prepared, 
 
     monkeypatch.setattr(S3Bucket, "get_range_sized", counted)
     cache = BlockCache(tmp_path / "cache", max_bytes=3 * BLOCK)  # the train shards are 20 blocks
-    local = MixtureSampler([ShardSource(root, "train", SEQ)], [1.0], seed=5)
-    streamed = MixtureSampler([StreamingSource(f"s3://{BUCKET}/prep", "train", SEQ, cache)], [1.0], seed=5)
+    local = BlockSampler([ShardSource(root, "train", SEQ)], [1.0], seed=5)
+    streamed = BlockSampler([StreamingSource(f"s3://{BUCKET}/prep", "train", SEQ, cache)], [1.0], seed=5)
     assert fetched == []  # opening reads the manifest only
     assert streamed.sources[0].num_sequences == local.sources[0].num_sequences
 
@@ -77,7 +81,7 @@ def _iterate_rank(cache_dir, endpoint, rank, steps, out):
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
                       AWS_ENDPOINT_URL=endpoint, LMFORGE_S3_ANONYMOUS="0")
     cache = BlockCache(cache_dir, max_bytes=4 * BLOCK)
-    sampler = MixtureSampler([StreamingSource(f"s3://{BUCKET}/prep", "train", SEQ, cache)], [1.0], seed=5)
+    sampler = BlockSampler([StreamingSource(f"s3://{BUCKET}/prep", "train", SEQ, cache)], [1.0], seed=5)
     batches = [read_batch(sampler, step, rank, 2, 4)[0] for step in range(steps)]
     np.save(out, np.stack(batches))
 
@@ -94,7 +98,7 @@ def test_two_processes_share_one_bounded_cache(s3, prepared, tmp_path):
     for process in ranks:
         process.join(120)
         assert process.exitcode == 0
-    local = MixtureSampler([ShardSource(root, "train", SEQ)], [1.0], seed=5)
+    local = BlockSampler([ShardSource(root, "train", SEQ)], [1.0], seed=5)
     for rank in range(2):
         want = np.stack([local.batch(step, rank, 2, 4)[0] for step in range(25)])
         assert np.load(tmp_path / f"rank{rank}.npy").tobytes() == want.tobytes()
@@ -159,6 +163,26 @@ def corrupt_copy(client, root, rel: str, prefix: str, change) -> None:
     client.put_object(Bucket=BUCKET, Key=f"{prefix}/{rel}", Body=bytes(change(raw)))
 
 
+def rehashed_copy(root, target, rel: str, data: bytes):
+    """A copy of output `root` in which shard `rel` is `data`, its sidecar, its split's index and the
+    manifest recording data's hashes."""
+    shutil.copytree(root, target)
+    (target / rel).write_bytes(data)
+    manifest = json.loads((target / "manifest.json").read_text())
+    split = rel.removeprefix("shards/").split("_")[0]
+    entries = read_split_index(manifest, split, lambda name: (target / name).read_bytes(), str(target))
+    old = next(e for e in entries if e.path == rel)
+    sidecar = b"".join(hashlib.sha256(data[i : i + old.block_bytes]).digest()
+                       for i in range(0, len(data), old.block_bytes))
+    (target / old.sidecar_path).write_bytes(sidecar)
+    new = dataclasses.replace(old, sha256=hashlib.sha256(data).hexdigest(),
+                              blocks_sha256=hashlib.sha256(sidecar).hexdigest())
+    manifest["splits"][split] = write_split_index(lambda name, raw: (target / name).write_bytes(raw), split,
+                                                  [new if e is old else e for e in entries])
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
 def flip(offset):
     def change(raw):
         raw[offset] ^= 0xFF
@@ -167,7 +191,7 @@ def flip(offset):
 
 
 @pytest.mark.parametrize(("prefix", "change", "message"), [
-    ("flipped-byte", flip(3 * BLOCK + 7), "bytes 12288-16383 do not match manifest.json's sha256"),
+    ("flipped-byte", flip(3 * BLOCK + 7), "bytes 12288-16383 do not match their recorded block sha256"),
     ("truncated", lambda raw: raw[:-2], "41022 bytes, the manifest's 20000 tokens make 41024"),
     ("other-tokenizer", flip(50), "written with another tokenizer"),
 ])
@@ -177,10 +201,8 @@ def test_a_bad_block_is_named_and_never_cached(s3, prepared, tmp_path, prefix, c
     rel = "shards/train_00001.bin"
     corrupt_copy(client, root, rel, prefix, change)
     if prefix == "other-tokenizer":  # block 0's hash made right: the header check is what catches it
-        manifest = json.loads((root / "manifest.json").read_text())
-        entry = next(e for e in manifest["shards"] if e["path"] == rel)
-        entry["block_sha256"][0] = hashlib.sha256(change(bytearray((root / rel).read_bytes()))[:BLOCK]).hexdigest()
-        client.put_object(Bucket=BUCKET, Key=f"{prefix}/manifest.json", Body=json.dumps(manifest).encode())
+        changed = bytes(change(bytearray((root / rel).read_bytes())))
+        upload(client, BUCKET, rehashed_copy(root, tmp_path / "rehashed", rel, changed), prefix)
     cache = BlockCache(tmp_path / "cache", max_bytes=1 << 20)
     source = StreamingSource(f"s3://{BUCKET}/{prefix}", "train", SEQ, cache)
     first = source.shards[0].sequences
@@ -197,10 +219,12 @@ def test_a_bad_block_is_named_and_never_cached(s3, prepared, tmp_path, prefix, c
 def test_an_older_manifest_streams_each_shard_as_one_block(s3, prepared, tmp_path):
     root, client = prepared
     manifest = json.loads((root / "manifest.json").read_text())
-    for entry in manifest["shards"]:
-        del entry["block_bytes"], entry["block_sha256"]
+    older = {"tokenizer": manifest["tokenizer"],  # before block hashes: each shard's path, split, tokens, sha256
+             "shards": [{"path": e.path, "split": split, "tokens": e.tokens, "sha256": e.sha256}
+                        for split in ("train", "val")
+                        for e in read_split_index(manifest, split, lambda rel: (root / rel).read_bytes(), "")]}
     upload(client, BUCKET, root, "old")
-    client.put_object(Bucket=BUCKET, Key="old/manifest.json", Body=json.dumps(manifest).encode())
+    client.put_object(Bucket=BUCKET, Key="old/manifest.json", Body=json.dumps(older).encode())
     cache = BlockCache(tmp_path / "cache", max_bytes=1 << 20)
     source = StreamingSource(f"s3://{BUCKET}/old", "train", SEQ, cache)
     local = ShardSource(root, "train", SEQ)

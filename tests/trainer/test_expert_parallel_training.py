@@ -14,8 +14,9 @@ import torch
 from lmforge.common.model_package import load_package
 from lmforge.trainer.checkpoint import step_dir
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
-from lmforge.trainer.data import MixtureSampler, ShardSource
+from lmforge.trainer.data import ShardSource
 from lmforge.trainer.export import export
+from lmforge.trainer.sampling import BlockSampler
 from tests.trainer.helpers import losses_by_step, random_output, read_metrics, run_trainer
 from tests.trainer.test_tensor_parallel import refused_at_start
 
@@ -137,7 +138,7 @@ def test_an_ep_checkpoint_resumes_under_fsdp_alone_and_exports(data, no_drop_ref
     package = export(step_dir(run_dir / "checkpoints", 4), tmp / "ep-package")
     model, _ = load_package(package)
     model.train()
-    sampler = MixtureSampler([ShardSource(source, "train", 32, name="data")], [1.0], seed=1234)
+    sampler = BlockSampler([ShardSource(source, "train", 32, name="data")], [1.0], seed=1234)
     tokens = torch.from_numpy(sampler.batch(5, 0, 1, 8)[0])
     with torch.no_grad():
         _, loss = model(tokens[:, :-1], tokens[:, 1:])

@@ -53,18 +53,11 @@ def single_rank_reference(tmp_path_factory, model: str) -> Reference:
     return Reference(tmp, data, run_trainer(tmp, "single", 1, "none", 8, data, model=model), model)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Reference:
-    return single_rank_reference(tmp_path_factory, "gpt")
+# The references (conftest.py: gpt_reference, llama_reference) are shared with test_tensor_parallel and
+# test_context_parallel_training, which compare against the same runs.
 
 
-@pytest.fixture(scope="module")
-def llama_reference(tmp_path_factory) -> Reference:
-    """The Llama-style debug preset: GQA, SwiGLU, RMSNorm, RoPE θ 500,000 with Llama 3's scaling."""
-    return single_rank_reference(tmp_path_factory, "llama-debug")
-
-
-@pytest.mark.parametrize("fixture", ["reference", "llama_reference"])
+@pytest.mark.parametrize("fixture", ["gpt_reference", "llama_reference"])
 def test_single_process_learns(request, fixture):
     losses = request.getfixturevalue(fixture).losses
     assert losses[-1] < losses[0] - 1.0
@@ -78,8 +71,8 @@ def test_single_process_learns(request, fixture):
     ("hsdp", "hsdp", ["parallel.replicate_degree=2"]),  # 2 replicas x 1 shard: the 2-D mesh path
     ("mesh-axes", None, ["parallel.dp_shard=-1"]),  # no mode: FSDP over every rank, from the axis
 ])
-def test_two_ranks_match_one(reference, name, mode, extra):
-    tmp, data, single, _ = reference
+def test_two_ranks_match_one(gpt_reference, name, mode, extra):
+    tmp, data, single, _ = gpt_reference
     losses = run_trainer(tmp, name, 2, mode, 4, data, *extra)
     assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-4, list(zip(single, losses))
 
@@ -95,15 +88,15 @@ def test_llama_debug_on_two_fsdp_ranks_matches_one(llama_reference):
     ("grad-accum", 4, ["grad_accum=2"]),  # 2 micro-batches of 4 = the same 8 sequences per step
     ("activation-checkpointing", 8, ["parallel.activation_checkpointing=true"]),
 ])
-def test_single_process_variants_match(reference, name, batch_size, extra):
-    tmp, data, single, _ = reference
+def test_single_process_variants_match(gpt_reference, name, batch_size, extra):
+    tmp, data, single, _ = gpt_reference
     losses = run_trainer(tmp, name, 1, "none", batch_size, data, *extra)
     assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-5, list(zip(single, losses))
 
 
 @pytest.mark.slow
-def test_compiled_model_matches_eager(reference):
-    tmp, data, single, _ = reference
+def test_compiled_model_matches_eager(gpt_reference):
+    tmp, data, single, _ = gpt_reference
     losses = run_trainer(tmp, "compiled", 1, "none", 8, data, "parallel.compile=true")
     assert max(abs(a - b) for a, b in zip(single, losses)) < 1e-4, list(zip(single, losses))
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from lmforge.common.model_package import load_package
-from lmforge.trainer.data import MixtureSampler, ShardSource
+from lmforge.trainer.data import ShardSource
 from lmforge.trainer.export import export
+from lmforge.trainer.sampling import BlockSampler
 from tests.trainer.helpers import random_output, read_metrics, run_trainer
 from tests.trainer.test_tensor_parallel import refused_at_start
 
@@ -112,7 +113,7 @@ def test_a_pp_fsdp_checkpoint_resumes_on_fsdp_alone_and_exports(reference):
     # export consolidates the pipeline-saved step 4: the package's loss on step 5's batch is the one logged
     package = export(run_dir / "checkpoints" / "step-00000004", tmp / "pp-package")
     model, _ = load_package(package)
-    sampler = MixtureSampler([ShardSource(data, "train", 32, name="data")], [1.0], seed=1234)
+    sampler = BlockSampler([ShardSource(data, "train", 32, name="data")], [1.0], seed=1234)
     tokens = torch.from_numpy(sampler.batch(5, 0, 1, BATCH)[0])
     with torch.no_grad():
         _, loss = model(tokens[:, :-1], tokens[:, 1:])

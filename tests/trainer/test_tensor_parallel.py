@@ -13,27 +13,18 @@ import pytest
 import torch
 
 from lmforge.common.model_package import load_package
-from lmforge.trainer.data import MixtureSampler, ShardSource
+from lmforge.trainer.data import ShardSource
 from lmforge.trainer.export import export
+from lmforge.trainer.sampling import BlockSampler
 from tests.trainer.helpers import losses_by_step, read_metrics
 from tests.trainer.helpers import run_trainer as run_trainer_process
-from tests.trainer.test_parallel import STEPS, run_trainer, single_rank_reference
+from tests.trainer.test_parallel import STEPS, run_trainer
 
 # fp32 over 20 steps. Looser than 1e-5 because the sharded matmuls and the row-parallel all-reduce
 # add in another order than one process, and Adam's normalised update turns rounding-sized
 # gradient differences into parameter-sized ones: steps differ by 0 to 7e-6 with single steps
 # up to 2.5e-5 (at a loss of ~5, where one fp32 ulp is 4.8e-7), not a drift that grows.
 TOLERANCE = 5e-5
-
-
-@pytest.fixture(scope="module")
-def llama_reference(tmp_path_factory):
-    return single_rank_reference(tmp_path_factory, "llama-debug")
-
-
-@pytest.fixture(scope="module")
-def gpt_reference(tmp_path_factory):
-    return single_rank_reference(tmp_path_factory, "gpt")
 
 
 def assert_matches(single: list[float], losses: list[float]) -> None:
@@ -89,7 +80,7 @@ def test_a_checkpoint_resumes_under_another_layout_and_exports(llama_reference, 
     # export consolidates the step 9 saved under the first layout: the package's loss on step 10's batch
     package = export(run_dir / "checkpoints" / "step-00000009", tmp / f"{name}-package")
     model, _ = load_package(package)
-    sampler = MixtureSampler([ShardSource(data, "train", 32, name="data")], [1.0], seed=1234)
+    sampler = BlockSampler([ShardSource(data, "train", 32, name="data")], [1.0], seed=1234)
     tokens = torch.from_numpy(sampler.batch(10, 0, 1, 8)[0])
     with torch.no_grad():
         _, loss = model(tokens[:, :-1], tokens[:, 1:])

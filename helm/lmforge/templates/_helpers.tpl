@@ -29,7 +29,7 @@
 {{/* The name of one run's objects: <fullname>-<component>-<run> as a DNS label (the run lower
      case, other characters turned into "-"), at most .max characters (default 63). A longer one
      is cut and ends in 6 hex digits of the whole name's hash, so two runs never share a name.
-     Arguments: dict "root" $ "component" "dataprep" "run" RUN "max" 46 */}}
+     Arguments: dict "root" $ "component" "dataprep" "run" RUN "max" 41 */}}
 {{- define "lmforge.runName" -}}
 {{- $max := int (.max | default 63) -}}
 {{- $name := printf "%s-%s-%s" (include "lmforge.fullname" .root) .component (include "lmforge.dnsLabel" .run) -}}
@@ -70,14 +70,15 @@
 {{- include "lmforge.dnsLabel" $run | trunc 40 | trimSuffix "-" | required "dataprep.run: no run name (set dataprep.run)" -}}
 {{- end -}}
 
-{{/* A data-prep Job's name: <fullname>-dataprep-<run>-<role> (role: workers or a global stage:
-     dedup | cluster | tokenizer | tokenize | shards | report), named per run so that an upgrade
+{{/* A data-prep Job's name: <fullname>-dataprep-<run>-<role> (role: workers or a global stage
+     of lmforge.dataprep.stages, <stage>-NN for a round), named per run so that an upgrade
      starting another run creates new Jobs instead of changing the (immutable) template of the
-     last run's. At most 56 characters, 55 for the Indexed Jobs' roles (8 characters at most):
-     their pods take the host name <job>-<index>, a DNS label.
+     last run's. The run part is at most 41 characters: with "-", the longest role
+     ("components-NN", 13) and an Indexed pod's "-<index>" (the pods take the host name
+     <job>-<index>, a DNS label) it fits in 63.
      Arguments: dict "root" $ "role" "workers" */}}
 {{- define "lmforge.dataprepJobName" -}}
-{{- $run := include "lmforge.runName" (dict "root" .root "component" "dataprep" "run" (include "lmforge.dataprepRun" .root) "max" 46) -}}
+{{- $run := include "lmforge.runName" (dict "root" .root "component" "dataprep" "run" (include "lmforge.dataprepRun" .root) "max" 41) -}}
 {{- printf "%s-%s" $run .role -}}
 {{- end -}}
 

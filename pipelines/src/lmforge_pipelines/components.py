@@ -47,58 +47,32 @@ def prep_worker(output: str, worker_index: int, num_workers: int, languages: str
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
-def plan_tasks(stage: str, tasks: int, done: list[str]) -> list[int]:
-    """Task indices 0..tasks-1 of a split stage (the ParallelFor items), once the stage before
-    it is done (`done`: its tasks' outputs, fanned in)."""
+def plan_tasks(stage: str, stage_tasks: dict, output: str, round: int, done: list[str]) -> list[int]:
+    """Task indices 0..n-1 of a split stage (the ParallelFor items; n from `stage_tasks`), once the
+    stage before it is done (`done`: its tasks' outputs, fanned in)."""
     from lmforge_pipelines import steps
 
-    print(f"{stage}: {tasks} tasks, after {done}")
-    return steps.plan_tasks(stage, tasks)
+    print(f"{stage} (round {round}): after {done}")
+    return steps.plan_tasks(stage, stage_tasks, output=output, round=round)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
-def dedup_task(output: str, task_index: int, num_tasks: int, processes: int) -> str:
-    """One dedup task: its slice of the dedup partitions (LSH bands, URL, content)."""
+def stage_task(stage: str, output: str, task_index: int, stage_tasks: dict, processes: int, round: int) -> str:
+    """Task `task_index` of a split data-prep stage (lmforge.dataprep.stages; stage_tasks[stage]
+    tasks in all): its slice of the stage's work."""
     from lmforge_pipelines import steps
 
-    return steps.stage_task(stage="dedup", output=output, task_index=task_index, num_tasks=num_tasks,
-                            processes=processes)
+    return steps.stage_task(stage=stage, output=output, task_index=task_index,
+                            num_tasks=steps.stage_task_count(stage, stage_tasks), processes=processes, round=round)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
-def cluster_duplicates(output: str, done: list[str]) -> str:
-    """Connected components over every dedup partition's edges (one task)."""
+def single_stage(stage: str, output: str, done: list[str]) -> str:
+    """A data-prep stage that is one task (lmforge.dataprep.stages), once the stage before it is done."""
     from lmforge_pipelines import steps
 
-    print(f"after {done}")
-    return steps.stage_task(stage="cluster", output=output)
-
-
-@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
-def train_tokenizer(output: str) -> str:
-    """The BPE tokenizer, trained on the workers' bounded sample (one task)."""
-    from lmforge_pipelines import steps
-
-    return steps.stage_task(stage="tokenizer", output=output)
-
-
-@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
-def tokenize_task(output: str, task_index: int, num_tasks: int, processes: int) -> str:
-    """One tokenize task: its slice of the inputs."""
-    from lmforge_pipelines import steps
-
-    return steps.stage_task(stage="tokenize", output=output, task_index=task_index, num_tasks=num_tasks,
-                            processes=processes)
-
-
-@dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
-def shards_task(output: str, task_index: int, num_tasks: int, processes: int) -> str:
-    """One shard-writing task: its slice of the shard partitions, each shuffled and written on
-    its own."""
-    from lmforge_pipelines import steps
-
-    return steps.stage_task(stage="shards", output=output, task_index=task_index, num_tasks=num_tasks,
-                            processes=processes)
+    print(f"{stage}: after {done}")
+    return steps.stage_task(stage=stage, output=output)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)

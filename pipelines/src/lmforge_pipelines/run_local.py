@@ -38,13 +38,15 @@ def build_cli() -> ServiceCli:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--nproc", type=int, default=2, help="torchrun processes (FSDP when more than one)")
     parser.add_argument("--run-name", default="local")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="rounds of the duplicate components the pipeline schedules (components.max_rounds)")
     return cli
 
 
 def _run(args: argparse.Namespace, _config: None) -> int:
     from kfp import local
 
-    from lmforge_pipelines.data_pipeline import data_pipeline
+    from lmforge_pipelines.data_pipeline import build_data_pipeline, split_stage_tasks
     from lmforge_pipelines.steps import SAMPLE_CRAWL, WET_DIR, WET_SUFFIX
 
     workdir = Path(args.workdir).resolve()
@@ -56,12 +58,11 @@ def _run(args: argparse.Namespace, _config: None) -> int:
 
         write_sample_inputs(wet, args.shards, args.docs_per_shard)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "kfp"))
-    data = data_pipeline(crawl=args.crawl, shards=args.shards, workers=args.workers, languages=args.languages,
-                         output=str(workdir / "data"), dedup_tasks=args.workers, tokenize_tasks=args.workers,
-                         shard_tasks=args.workers,
-                         dataprep_config={"tokenizer": {"vocab_size": args.vocab_size},
-                                          "shards": {"shard_tokens": args.shard_tokens,
-                                                     "val_fraction": args.val_fraction}})
+    data = build_data_pipeline(args.rounds)(
+        crawl=args.crawl, shards=args.shards, workers=args.workers, languages=args.languages,
+        output=str(workdir / "data"), stage_tasks=split_stage_tasks(args.workers),
+        dataprep_config={"tokenizer": {"vocab_size": args.vocab_size}, "components": {"max_rounds": args.rounds},
+                         "shards": {"shard_tokens": args.shard_tokens, "val_fraction": args.val_fraction}})
     summary = {"data": data.outputs["data"], "report_html": data.outputs["report"].path}
     if not args.data_only:
         summary.update(_train(args, workdir, data))

@@ -221,38 +221,63 @@ def prep_worker(*, output: str, worker_index: int, num_workers: int, languages: 
     return f"worker {worker_index}/{num_workers} done"
 
 
-# The global stages after the workers, in order; the Indexed ones are split into tasks (each
-# task runs its slice of the stage's work: dedup partitions, inputs, shard partitions).
-GLOBAL_STAGES = ("dedup", "cluster", "tokenizer", "tokenize", "shards", "report")
-INDEXED_STAGES = ("dedup", "tokenize", "shards")
+def _global_stage(name: str):
+    """The data-prep stage `name` (lmforge.dataprep.stages: imported here, in the data image, so
+    the train image's steps never need the data-prep package)."""
+    from lmforge.dataprep.stages import GLOBAL_STAGES
+
+    found = next((stage for stage in GLOBAL_STAGES if stage.name == name), None)
+    if found is None or name == "report":
+        raise StepError(f"{name!r} is not a global data-prep stage "
+                        f"({', '.join(s.name for s in GLOBAL_STAGES if s.name != 'report')}; report: steps.report)")
+    return found
 
 
-def plan_tasks(stage: str, tasks: int) -> list[int]:
-    """Task indices 0..tasks-1 of an Indexed stage (a ParallelFor's items)."""
-    if stage not in INDEXED_STAGES:
-        raise StepError(f"{stage!r} is not one of the split stages {INDEXED_STAGES}")
-    if tasks < 1:
-        raise StepError(f"{stage} tasks must be at least 1, got {tasks}")
-    return list(range(tasks))
+def stage_task_count(stage: str, stage_tasks: Mapping[str, Any]) -> int:
+    """The number of tasks `stage_tasks` gives a split stage (1 when it names none)."""
+    count = stage_tasks.get(stage, 1)
+    if isinstance(count, bool) or not isinstance(_integral(count), int) or int(count) < 1:
+        raise StepError(f"stage_tasks[{stage!r}] must be a whole number ≥ 1, got {count!r}")
+    return int(count)
+
+
+def plan_tasks(stage: str, stage_tasks: Mapping[str, Any], *, output: str, round: int = 0) -> list[int]:
+    """Task indices 0..stage_tasks[stage]-1 of a split stage (a ParallelFor's items). Every round
+    of the components gets its tasks: one after they settled only marks itself done (an empty
+    ParallelFor would leave the step after it nothing to collect)."""
+    if not _global_stage(stage).split:
+        raise StepError(f"{stage!r} is one task, not a split stage")
+    unknown = sorted(set(stage_tasks) - {s.name for s in _split_stages()})
+    if unknown:
+        raise StepError(f"stage_tasks names no split stage: {', '.join(unknown)}")
+    return list(range(stage_task_count(stage, stage_tasks)))
+
+
+def _split_stages():
+    from lmforge.dataprep.stages import GLOBAL_STAGES
+
+    return [stage for stage in GLOBAL_STAGES if stage.split]
 
 
 def stage_task(*, stage: str, output: str, task_index: int | None = None, num_tasks: int = 1,
-               processes: int = 1) -> str:
-    """One task of a global stage over the workers' output: task `task_index` of `num_tasks` of an
-    Indexed stage (dedup, tokenize, shards), or the one task of cluster or tokenizer. Tasks
+               processes: int = 1, round: int | None = None) -> str:
+    """One task of a global stage over the workers' output: task `task_index` of `num_tasks` of a
+    split stage (of round `round` for the components), or the one task of a single stage. Tasks
     already marked done are skipped, so a retry redoes only what was left unfinished."""
-    if stage not in GLOBAL_STAGES or stage == "report":
-        raise StepError(f"{stage!r} is not a global data-prep stage (report: steps.report)")
+    found = _global_stage(stage)
     command = [cli("lmforge-dataprep"), stage, "--output", output]
     what = f"data-prep {stage}"
-    if stage in INDEXED_STAGES:
+    if found.split:
         if task_index is None or not 0 <= task_index < num_tasks:
             raise StepError(f"{stage} task_index {task_index} is not in [0, {num_tasks})")
         command += ["--worker-index", str(task_index), "--num-workers", str(num_tasks),
                     "--workers", str(max(1, processes))]
         what += f" task {task_index}"
+        if round is not None and found.kind == "rounds":
+            command += ["--round", str(round)]
+            what += f" (round {round})"
     call(command, what=what)
-    return f"{stage} {task_index}/{num_tasks} done" if stage in INDEXED_STAGES else f"{stage} done"
+    return f"{what} done"
 
 
 def report(*, output: str) -> dict[str, Any]:
@@ -340,17 +365,17 @@ def export_model(*, run_uri: str, step: int, models_store: str, version: str) ->
 
 
 def _local_split(data: str, split: str, cache: Path) -> Path:
-    """A local directory holding `data`'s manifest.json and its `split` shards (downloaded from
-    s3:// into `cache`; nothing else is fetched)."""
+    """A local directory holding `data`'s manifest.json, its `split` index and shards (downloaded
+    from s3:// into `cache`; nothing else is fetched)."""
+    from lmforge.common.shard_index import MANIFEST, parse_manifest, read_split_index
     from lmforge.common.storage import S3Store
 
     if _store_is_local(data):
         return _local(data)
     store = S3Store(data, cache)
-    manifest = json.loads(store.local_path("manifest.json").read_text())
-    for entry in manifest["shards"]:
-        if entry["split"] == split:
-            store.local_path(entry["path"])
+    manifest = parse_manifest(store.local_path(MANIFEST).read_bytes(), store.join(MANIFEST))
+    for entry in read_split_index(manifest, split, lambda rel: store.local_path(rel).read_bytes(), data):
+        store.local_path(entry.path)
     return cache
 
 

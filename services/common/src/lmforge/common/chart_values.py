@@ -206,10 +206,14 @@ class DataprepIndexedStage(DataprepStage, total=False):
 
 
 class DataprepStages(Section, total=False):
+    """One entry per global stage of lmforge.dataprep.stages (tests/deploy/test_chart_render.py holds them equal)."""
+
+    combine: Required[Annotated[DataprepIndexedStage, Field(
+        description="dedup keys gathered per input group and range of dedup partitions")]]
     dedup: Required[Annotated[DataprepIndexedStage, Field(description="dedup, by dedup partition")]]
-    cluster: Required[Annotated[DataprepIndexedStage, Field(description=(
-        "duplicate clustering, by group of dedup partitions (config minhash.cluster_tasks of them; the tokenizer "
-        "stage merges their components)"))]]
+    components: Required[Annotated[DataprepIndexedStage, Field(description=(
+        "the duplicate clusters' connected components, one Indexed Job per round (config components.max_rounds), "
+        "by share of the graph's nodes"))]]
     tokenizer: Required[Annotated[DataprepStage, Field(description="tokenizer training (one task)")]]
     tokenize: Required[Annotated[DataprepIndexedStage, Field(description="tokenization, by input")]]
     shards: Required[Annotated[DataprepIndexedStage, Field(description="shard writing, by shard partition")]]

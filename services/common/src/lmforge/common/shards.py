@@ -17,9 +17,10 @@ Documents are separated by the end-of-text token (each document is followed by o
 `NAME.idx` holds the uint64 token offsets at which each document ends (exclusive), so
 readers can find document boundaries without scanning.
 
-The manifest lists each shard's sha256 and the sha256 of each BLOCK_BYTES block of the .bin
-file (from byte 0; the last block may be short), so a reader that fetches byte ranges from an
-object store can verify every block it fetches without downloading the whole shard.
+`NAME.blocks` (the block sidecar) holds the 32-byte sha256 of each BLOCK_BYTES block of the .bin
+file, in order (from byte 0; the last block may be short), so a reader that fetches byte ranges
+from an object store can verify every block it fetches without downloading the whole shard. The
+split index (lmforge.common.shard_index) records the sidecar's own sha256 beside the shard's.
 """
 
 from __future__ import annotations
@@ -50,8 +51,14 @@ class ShardDigest:
     block_bytes: int
     block_sha256: tuple[str, ...]
 
-    def manifest_fields(self) -> dict:
-        return {"sha256": self.sha256, "block_bytes": self.block_bytes, "block_sha256": list(self.block_sha256)}
+    def sidecar(self) -> bytes:
+        """The block sidecar's content: each block's 32-byte digest, in order."""
+        return b"".join(bytes.fromhex(block) for block in self.block_sha256)
+
+    def index_fields(self) -> dict:
+        """What the split index records of the shard's content (shard_index.ShardEntry fields)."""
+        return {"sha256": self.sha256, "block_bytes": self.block_bytes,
+                "blocks_sha256": hashlib.sha256(self.sidecar()).hexdigest()}
 
 
 class _BlockHasher:
@@ -137,7 +144,8 @@ def write_shard(
     tokenizer_sha256: str,
     block_bytes: int = BLOCK_BYTES,
 ) -> ShardDigest:
-    """Atomically write `path` (+ `.idx`); return the sha256 of the .bin file, whole and per block."""
+    """Atomically write `path` (+ `.idx` and the `.blocks` sidecar); return the sha256 of the .bin
+    file, whole and per block."""
     dtype = token_dtype(vocab_size)
     tokens = np.ascontiguousarray(tokens, dtype=dtype)
     doc_ends = np.ascontiguousarray(doc_ends, dtype="<u8")
@@ -152,11 +160,19 @@ def write_shard(
             fh.write(chunk)
     with atomic_open(index_path(path)) as fh:
         fh.write(doc_ends.tobytes())
-    return digest.digest()
+    result = digest.digest()
+    with atomic_open(blocks_path(path)) as fh:
+        fh.write(result.sidecar())
+    return result
 
 
 def index_path(path: str | Path) -> Path:
     return Path(path).with_suffix(".idx")
+
+
+def blocks_path(path: str | Path) -> Path:
+    """The block sidecar of shard `path`."""
+    return Path(path).with_suffix(".blocks")
 
 
 def read_header(fh: BinaryIO, source: str) -> ShardHeader:

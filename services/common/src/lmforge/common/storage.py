@@ -87,13 +87,20 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 def expand_inputs(patterns: list[str]) -> list[str]:
     """Expand local globs and s3:// globs into a sorted, de-duplicated list of URIs.
     http(s) URLs are taken as they are. A pattern that matches nothing is an error."""
-    found: list[str] = []
+    return [uri for uri, _ in expand_inputs_with_sizes(patterns)]
+
+
+def expand_inputs_with_sizes(patterns: list[str]) -> list[tuple[str, int | None]]:
+    """expand_inputs, each URI with its size in bytes where the expansion learns it (a local file,
+    an object an s3:// glob listed), else None (http(s) URLs, s3:// URIs without a glob)."""
+    found: dict[str, int | None] = {}
     for pattern in patterns:
         scheme = scheme_of(pattern)
         if scheme in {"http", "https"}:
-            found.append(pattern)
+            found.setdefault(pattern, None)
         elif scheme == "s3":
-            found.extend(_expand_s3(pattern))
+            for uri, size in _expand_s3(pattern):
+                found[uri] = size if size is not None else found.get(uri)
         else:
             path = str(local_path_of(pattern))
             if not glob.has_magic(path) and not os.path.exists(path):
@@ -102,17 +109,17 @@ def expand_inputs(patterns: list[str]) -> list[str]:
             matches = [m for m in matches if not os.path.isdir(m)]
             if not matches:
                 raise InputError(f"input pattern matched no files: {pattern}")
-            found.extend(matches)
-    return sorted(dict.fromkeys(found))
+            found.update((m, input_size(m)) for m in matches)
+    return sorted(found.items())
 
 
-def _expand_s3(pattern: str) -> list[str]:
+def _expand_s3(pattern: str) -> list[tuple[str, int | None]]:
     loc = S3Location.parse(pattern)
     if not glob.has_magic(loc.key):
-        return [pattern]
+        return [(pattern, None)]
     prefix = loc.key[: min(loc.key.index(c) for c in "*?[" if c in loc.key)]
-    keys = S3Bucket(loc.bucket).listing(prefix)
-    matches = [f"s3://{loc.bucket}/{k}" for k in sorted(keys) if fnmatch.fnmatchcase(k, loc.key)]
+    listed = S3Bucket(loc.bucket).listing(prefix)
+    matches = [(f"s3://{loc.bucket}/{k}", listed[k].size) for k in sorted(listed) if fnmatch.fnmatchcase(k, loc.key)]
     if not matches:
         raise InputError(f"input pattern matched no objects: {pattern}")
     return matches

@@ -13,6 +13,7 @@ from lmforge.common.logging import get_logger
 from lmforge.dataprep import runner
 from lmforge.dataprep.classifier_cli import add_train_classifier_options, settings_from_args, sources_from_args
 from lmforge.dataprep.config import DataprepConfig, load_dataprep_config
+from lmforge.dataprep.stages import GLOBAL_STAGES, ROUNDS, stage
 
 log = get_logger("dataprep")
 OUTPUT_HELP = "output directory or s3:// prefix"
@@ -84,51 +85,21 @@ def cmd_run(args, config: DataprepConfig) -> int:
     return 0
 
 
-def cmd_dedup(args, config: DataprepConfig | None) -> int:
+def cmd_stage(args, config: DataprepConfig | None) -> int:
+    """A global stage (stages.py): all its tasks, or a worker's slice of them (of one round)."""
+    index, count = _sharding(args) if stage(args.command).split else (None, 1)
+    if index is not None and stage(args.command).kind == ROUNDS and args.round is None:
+        raise ConfigError(f"a {args.command} worker runs one round's slice: give --round (one Indexed Job per round)")
     with _open(args, config) as run:
-        index, count = _sharding(args)
-        plan_count = runner.PartitionPlan.from_config(run.config.minhash).count
-        runner.run_dedup(run, None if index is None else runner.worker_slice(plan_count, index, count))
-    return 0
-
-
-def cmd_tokenize(args, config: DataprepConfig | None) -> int:
-    with _open(args, config) as run:
-        index, count = _sharding(args)
-        runner.run_tokenize(run, None if index is None else runner.worker_slice(run.n_inputs, index, count))
-    return 0
-
-
-def cmd_cluster(args, config: DataprepConfig | None) -> int:
-    with _open(args, config) as run:
-        index, count = _sharding(args)
-        n_tasks = len(runner.cluster_tasks(run.config))
-        runner.run_cluster(run, None if index is None else runner.worker_slice(n_tasks, index, count))
-    return 0
-
-
-def cmd_shards(args, config: DataprepConfig | None) -> int:
-    with _open(args, config) as run:
-        index, count = _sharding(args)
-        n_tasks = len(runner.shard_tasks(run.config, {}, run.n_inputs))
-        runner.run_shards(run, None if index is None else runner.worker_slice(n_tasks, index, count))
-    return 0
-
-
-def cmd_simple(args, config: DataprepConfig | None) -> int:
-    with _open(args, config) as run:
-        {"tokenizer": runner.run_tokenizer, "report": runner.run_report}[args.command](run)
+        result = runner.run_stage(run, args.command, index, count, round=getattr(args, "round", None))
+        if args.command == "report":
+            sys.stderr.write(f"report: {result}\n")
     return 0
 
 
 def cmd_finalize(args, config: DataprepConfig | None) -> int:
     with _open(args, config) as run:
-        runner.run_dedup(run)
-        runner.run_cluster(run)
-        runner.run_tokenizer(run)
-        runner.run_tokenize(run)
-        runner.run_shards(run)
-        sys.stderr.write(f"report: {runner.run_report(run)}\n")
+        sys.stderr.write(f"report: {runner.run_global_stages(run)}\n")
     return 0
 
 
@@ -179,24 +150,20 @@ def build_cli() -> ServiceCli:
     run.add_argument("--output", required=True, help=OUTPUT_HELP)
     _add_sharding(run, "the per-input stage")
 
-    # The global stages: with no --config or --set, the config the workers recorded.
-    for name, handler, text in (
-            ("dedup", cmd_dedup, "group one slice of the dedup partitions (LSH bands, URL, content)"),
-            ("cluster", cmd_cluster, "find the duplicate clusters of one slice of the cluster tasks "
-                                     "(all: and merge them)"),
-            ("tokenize", cmd_tokenize, "tokenize one slice of the inputs"),
-            ("shards", cmd_shards, "write the shards of one slice of the shard partitions (all: and manifest.json)")):
-        stage = cli.command(name, handler, help=text, config="explicit")
-        stage.add_argument("--output", required=True, help=OUTPUT_HELP)
-        _add_sharding(stage, name)
-    for name, text in (("tokenizer", "merge the duplicate clusters if not yet merged, then train the BPE "
-                                     "tokenizer on a sample (or load tokenizer.path)"),
-                       ("report", "write manifest.json (once every shard partition is written), report.json and "
-                                  "report.html")):
-        stage = cli.command(name, cmd_simple, help=text, config="explicit")
-        stage.add_argument("--output", required=True, help=OUTPUT_HELP)
+    # The global stages, as stages.py declares them: with no --config or --set, the config the
+    # workers recorded.
+    for declared in GLOBAL_STAGES:
+        command = cli.command(declared.name, cmd_stage, help=declared.help, config="explicit")
+        command.add_argument("--output", required=True, help=OUTPUT_HELP)
+        if declared.split:
+            _add_sharding(command, declared.name)
+        if declared.kind == ROUNDS:
+            command.add_argument("--round", type=int, default=None,
+                                 help="the round a worker's slice belongs to (one Indexed Job per round); "
+                                      "without: every round, then the summary")
     finalize = cli.command("finalize", cmd_finalize, config="explicit",
-                           help="every global stage after the workers: dedup → report")
+                           help="every global stage after the workers, in order: "
+                                + " → ".join(s.name for s in GLOBAL_STAGES))
     finalize.add_argument("--output", required=True, help=OUTPUT_HELP)
     finalize.add_argument("--workers", type=int, default=None, help="local processes")
 

@@ -62,13 +62,36 @@ class MinHashConfig(StrictModel):
     verify_sigmas: float = Field(
         3.0, ge=0, description="candidates are duplicates when estimated Jaccard ≥ threshold − verify_sigmas·σ, "
         "σ = sqrt(t(1−t)/num_perm): the estimator's own noise must not split a true duplicate pair")
-    partitions_per_band: int = Field(
-        1, ge=1, description="dedup tasks per key column (each LSH band, the URL and the content key), by key "
-                             "range: a task holds about 16 bytes x documents / this of keys")
+    partitions_per_band: int | Literal["auto"] = Field(
+        "auto", description="dedup tasks per key column (each LSH band, the URL and the content key), by key "
+                            "range: a count ≥ 1, or auto: chosen when the run is opened, from the inputs' total "
+                            "size, so a dedup task stays under task_memory_bytes (dedup_plan.py); the choice is "
+                            "recorded in work/minhash_config.json")
+    combine_partitions: int | Literal["auto"] = Field(
+        "auto", description="dedup partitions per combine task and per combined object: a count ≥ 1, or auto: as "
+                            "many as keep a combine task of the largest input group under task_memory_bytes "
+                            "(dedup_plan.py), chosen and recorded like partitions_per_band")
+    group_objects: int = Field(
+        256, ge=1, description="input groups of the combine stage: a dedup task reads one combined object per "
+                               "group (min(inputs, this) of them), whatever the number of inputs")
+    task_memory_bytes: int = Field(
+        1 << 30, ge=1 << 20, description="memory a combine or dedup task may use; the auto counts keep each "
+                                         "task's estimated data under half of it")
     max_pairs_per_bucket: int = Field(64, ge=2, description="members a bucket member is verified against")
-    cluster_tasks: int = Field(
-        1, ge=1, description="tasks that find the duplicate clusters, each over a share of the dedup partitions' "
-                             "edges (memory per task grows with its edges), joined by one merge")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "cluster_tasks" in data:
+            raise ValueError("`minhash.cluster_tasks` is now `components.tasks` (the clusters are found in rounds)")
+        return data
+
+    @field_validator("partitions_per_band", "combine_partitions")
+    @classmethod
+    def _positive_count(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 1:
+            raise ValueError(f"must be 'auto' or ≥ 1, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _bands_rows(self) -> MinHashConfig:
@@ -77,6 +100,16 @@ class MinHashConfig(StrictModel):
         if self.bands is not None and self.bands * self.rows > self.num_perm:
             raise ValueError(f"bands*rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
         return self
+
+
+class ComponentsConfig(StrictModel):
+    """The duplicate clusters: connected components of the dedup edges, found in rounds (components.py)."""
+
+    tasks: int = Field(1, ge=1, description="tasks per round, each over a share of the duplicate graph's nodes "
+                                            "(memory per task grows with its share of the edges)")
+    max_rounds: int = Field(32, ge=1, description="rounds run at most (a chain of n duplicates settles in about "
+                                                  "2·log2(n) + 2); a round after the labels stopped changing "
+                                                  "does nothing, and a graph not settled by the last fails the run")
 
 
 class TokenizerConfig(StrictModel):
@@ -129,6 +162,7 @@ class DataprepConfig(StrictModel):
         description="the per-document steps, in order: built-in step names or ids configured under `steps`")
     steps: StepsConfig = Field(default_factory=StepsConfig, description="each step's settings, by step id")
     minhash: MinHashConfig = Field(default_factory=MinHashConfig)
+    components: ComponentsConfig = Field(default_factory=ComponentsConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
     reject_preview_chars: int = Field(300, ge=0, description="text kept with each rejected document for `sample`")

@@ -7,6 +7,8 @@ lives under work/.
 
 from __future__ import annotations
 
+import zlib
+
 CONFIG = "work/config.json"
 INPUTS = "work/inputs.json"
 MINHASH_CONFIG = "work/minhash_config.json"
@@ -31,13 +33,35 @@ def minhash(i: int) -> str:
 
 
 def signatures(i: int) -> str:
+    """Input i's signatures as versions before the combine stage wrote them (now in its key file):
+    read only to resume such a run."""
     return f"work/minhash/{i:06d}.sig.npy"
 
 
+def _hash_dir(name: str) -> str:
+    """Two hex digits from a hash of `name`: objects a stage reads and writes at high rates go under
+    256 such directories, so no S3 prefix takes more than a small share of the stage's requests."""
+    return f"{zlib.crc32(name.encode()) & 0xFF:02x}"
+
+
 def dedup_keys(i: int) -> str:
-    """Input i's dedup keys, one section per dedup partition (dedup_keys.py): a dedup task reads
-    only its own section of each input's file."""
+    """Input i's dedup keys with their signatures, one section per dedup partition (dedup_keys.py):
+    a combine task reads its range of partitions of each of its group's inputs."""
+    name = f"{i:06d}.bin"
+    return f"work/minhash/keys/{_hash_dir(name)}/{name}"
+
+
+def legacy_dedup_keys(i: int) -> str:
+    """Input i's key file as versions before the combine stage wrote it (triples only, its
+    signatures in layout.signatures(i)): read only to resume such a run."""
     return f"work/minhash/keys/{i:06d}.bin"
+
+
+def combined_keys(group: int, part_range: int) -> str:
+    """The keys of input group `group` for partition range `part_range` (combine.py): a dedup task
+    reads its section of one such object per group."""
+    name = f"g{group:06d}-r{part_range:04d}.bin"
+    return f"work/dedup/combined/{_hash_dir(name)}/{name}"
 
 
 def input_stats(i: int) -> str:
@@ -57,12 +81,8 @@ def dedup_rejects(i: int) -> str:
 
 
 def edges(partition: int) -> str:
-    return f"work/dedup/edges-{partition:04d}.npy"
-
-
-def cluster_forest(group: int) -> str:
-    """A cluster task's components of its group of partitions' edges (dedup_global.cluster_group)."""
-    return f"work/dedup/forest-{group:04d}.npz"
+    name = f"{partition:06d}.npy"
+    return f"work/dedup/edges/{_hash_dir(name)}/{name}"
 
 
 def removed(i: int) -> str:
@@ -98,3 +118,27 @@ def lineage(split: str, partition: int, k: int) -> str:
 def shard_entries(partition: int) -> str:
     """The manifest entries of one shard partition's shards; written last, it marks the task done."""
     return f"work/shards/partition-{partition:06d}.json"
+
+
+def components_object(round_: int, source: int, dest: int) -> str:
+    """The duplicate-graph edges components task `source` of round `round_` sends to task `dest` of
+    the next round (components.py): tasks² objects per round, under 256 hash directories so that no
+    S3 prefix takes more than a small share of a round's requests."""
+    name = f"round-{round_:03d}/{source:05d}-{dest:05d}.npz"
+    return f"work/dedup/components/{_hash_dir(name)}/{name}"
+
+
+def components_done(round_: int, task: int) -> str:
+    """A components task's completion marker (JSON: what the round did, whether its part changed)."""
+    return f"work/dedup/components/round-{round_:03d}/done-{task:05d}.json"
+
+
+def components_nodes(task: int) -> str:
+    """A components task's nodes (documents with a duplicate edge, sorted), each one's strongest edge
+    kind and whether it has a near-duplicate edge, written in round 1 and read by the last round."""
+    return f"work/dedup/components/nodes-{task:05d}.npz"
+
+
+def components_stats(task: int) -> str:
+    """A components task's part of the dedup summary, written with its inputs' removed files."""
+    return f"work/dedup/components/stats-{task:05d}.json"

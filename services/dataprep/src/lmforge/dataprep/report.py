@@ -6,6 +6,11 @@ Sizes say what they measure: `file_bytes` are the input files as stored (gzip-co
 `wall_seconds` is wall-clock (see timings.py), a stage's `worker_seconds` is time spent in the
 stage summed over worker processes. Paths inside the output directory are shown relative to
 it (the directory may move, as the demo's does), URLs with their credentials redacted.
+
+Memory stays flat however many inputs the run had: the per-input stats are merged one input at a
+time (stats.merge_stats: running sums, fixed histograms, bottom-k examples), the tasks are
+summarised as they are read (report_tasks: counts, percentiles, the slowest, largest and failed
+few), and manifest.json is read without its split indexes.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -23,10 +28,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from lmforge.common.config import dump_config
+from lmforge.common.shard_index import parse_manifest, split_totals
 from lmforge.common.storage import LocalStore, Store, local_path_of, scheme_of
 from lmforge.dataprep import layout
 from lmforge.dataprep.dedup_global import KIND_NEAR, PartitionPlan
-from lmforge.dataprep.shard_writer import partitions
+from lmforge.dataprep.report_tasks import TaskSummary
+from lmforge.dataprep.shard_writer import partition_count
 from lmforge.dataprep.stats import StepStats, merge_stats
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
 from lmforge.dataprep.timings import PHASES, phase_summary, read_timings
@@ -148,7 +155,7 @@ def _phases(timings: dict[str, dict], by_name: dict[str, StepStats], file_bytes:
     for name, label in PHASES.items():
         timing = timings[name]
         wall = timing["wall_seconds"]
-        docs, text_bytes = work[name]
+        docs, text_bytes = work.get(name, (0, 0))  # combine, components, report: no documents of their own
         entry = {"name": name, "label": label, **timing,
                  "docs": docs, "docs_per_second": _rate(docs, wall),
                  "text_bytes": text_bytes, "text_mb_per_second": _rate(text_bytes, wall, 1e6)}
@@ -216,38 +223,40 @@ def _dedup(run: Run, by_name: dict[str, StepStats], dedup: dict) -> dict:
     }
 
 
-def _workers(run: Run, input_summaries: list[dict], tokenize_summaries: list[dict], records: list[dict]) -> list[dict]:
-    """One row per task (an input's filter pass, an input's tokenization, a shard partition) and per
-    main process and phase."""
-    rows = []
-    for summary in input_summaries:
-        problems = {k.removeprefix(BAD_INPUT_PREFIX): v for k, v in summary["read_counters"].items()
-                    if k.startswith(BAD_INPUT_PREFIX) and v}
-        rows.append({"phase": "inputs", "task": "filter", "input": display_path(summary["input"], run.store),
-                     "seconds": summary["seconds"], "peak_rss_bytes": summary["peak_rss_bytes"],
-                     "docs_kept": summary.get("docs_kept"), "error": redact_text(summary.get("error")),
-                     "problems": dict(sorted(problems.items()))})
-    for summary in tokenize_summaries:
-        rows.append({"phase": "tokenize", "task": "tokenize",
-                     "input": display_path(run.inputs[summary["input_index"]], run.store),
-                     "seconds": summary["seconds"], "peak_rss_bytes": summary.get("peak_rss_bytes", 0),
-                     "docs_kept": None, "error": None, "problems": {}})
-    for partition in range(len(partitions(run.n_inputs, run.config.shards.inputs_per_partition))):
+def _input_row(summary: dict, store: Store) -> dict:
+    """An input's filter task, from its stats summary."""
+    problems = {k.removeprefix(BAD_INPUT_PREFIX): v for k, v in summary["read_counters"].items()
+                if k.startswith(BAD_INPUT_PREFIX) and v}
+    return {"phase": "inputs", "task": "filter", "input": display_path(summary["input"], store),
+            "seconds": summary["seconds"], "peak_rss_bytes": summary["peak_rss_bytes"],
+            "docs_kept": summary.get("docs_kept"), "error": redact_text(summary.get("error")),
+            "problems": dict(sorted(problems.items()))}
+
+
+def _tokenize_row(summary: dict, run: Run) -> dict:
+    return {"phase": "tokenize", "task": "tokenize",
+            "input": display_path(run.inputs[summary["input_index"]], run.store),
+            "seconds": summary["seconds"], "peak_rss_bytes": summary.get("peak_rss_bytes", 0),
+            "docs_kept": None, "error": None, "problems": {}}
+
+
+def _add_shard_and_process_rows(run: Run, tasks: TaskSummary, records: list[dict]) -> None:
+    """Each shard partition's task, then each main process's part of each phase."""
+    for partition in range(partition_count(run.n_inputs, run.config.shards.inputs_per_partition)):
         summary = json.loads(run.store.read_text(layout.shard_entries(partition)))
         first, stop = summary["inputs"]
         inputs = display_path(run.inputs[first], run.store)
         if stop - first > 1:
             inputs += f" … ({stop - first} inputs)"
-        rows.append({"phase": "shards", "task": f"shards {partition}", "input": inputs,
-                     "seconds": summary["seconds"], "peak_rss_bytes": summary["peak_rss_bytes"],
-                     "docs_kept": None, "error": None, "problems": {}})
+        tasks.add({"phase": "shards", "task": f"shards {partition}", "input": inputs,
+                   "seconds": summary["seconds"], "peak_rss_bytes": summary["peak_rss_bytes"],
+                   "docs_kept": None, "error": None, "problems": {}}, kind="shards")
     for record in records:
-        rows.append({"phase": record["phase"], "task": "main process", "input": None,
-                     "host": record["host"], "pid": record["pid"],
-                     "seconds": round(record["ended"] - record["started"], 4),
-                     "cpu_seconds": record["cpu_seconds"], "peak_rss_bytes": record["peak_rss_bytes"],
-                     "docs_kept": None, "error": None, "problems": {}})
-    return rows
+        tasks.add({"phase": record["phase"], "task": "main process", "input": None,
+                   "host": record["host"], "pid": record["pid"],
+                   "seconds": round(record["ended"] - record["started"], 4),
+                   "cpu_seconds": record["cpu_seconds"], "peak_rss_bytes": record["peak_rss_bytes"],
+                   "docs_kept": None, "error": None, "problems": {}})
 
 
 def _length_counts(token_counts: np.ndarray) -> np.ndarray:
@@ -263,15 +272,15 @@ def _corpus_length_histogram(store: Store, n_inputs: int) -> dict:
     return {"edges": LENGTH_EDGES, "counts": counts.astype(int).tolist()}
 
 
-def _step_lists(store: Store, paths: list[str], summaries: list[dict]) -> Iterator[list[dict]]:
-    """Each task summary's step stats, for merge_stats to fold in one at a time; `summaries` gets
-    the rest of each summary (and the reader's counters), so that a run of many inputs never
-    holds every input's examples and histograms at once."""
+def _step_lists(store: Store, paths: Iterable[str], on_summary: Callable[[dict], None]) -> Iterator[list[dict]]:
+    """Each task summary's step stats, for merge_stats to fold in one at a time; `on_summary` gets
+    the rest of each summary (and the reader's counters) as it is read, so that a run of many
+    inputs never holds every input's summary, examples and histograms at once."""
     for path in paths:
         summary = json.loads(store.read_text(path))
         steps = summary.pop("steps", [])
         summary["read_counters"] = next((s.get("counters", {}) for s in steps if s["name"] == "read"), {})
-        summaries.append(summary)
+        on_summary(summary)
         yield steps
 
 
@@ -300,18 +309,26 @@ def _step_type(run: Run, step_id: str) -> str:
 
 def build_report(run: Run) -> dict:
     store = run.store
-    input_summaries: list[dict] = []
-    tokenize_summaries: list[dict] = []
-    per_input = merge_stats(_step_lists(store, [layout.input_stats(i) for i in range(run.n_inputs)],
-                                        input_summaries))
-    global_steps = merge_stats(_step_lists(store, [layout.tokenize_stats(i) for i in range(run.n_inputs)],
-                                           tokenize_summaries))
+    tasks = TaskSummary()
+    gzip_file_bytes = 0
+
+    def input_read(summary: dict) -> None:
+        nonlocal gzip_file_bytes
+        if urlsplit(summary["input"]).path.endswith(".gz"):  # of the input file bytes, gzip-compressed
+            gzip_file_bytes += summary["input_bytes"]
+        tasks.add(_input_row(summary, store))
+
+    per_input = merge_stats(_step_lists(store, map(layout.input_stats, range(run.n_inputs)), input_read))
+    global_steps = merge_stats(_step_lists(store, map(layout.tokenize_stats, range(run.n_inputs)),
+                                           lambda summary: tasks.add(_tokenize_row(summary, run))))
     dedup = json.loads(store.read_text(layout.DEDUP_STATS))
     tokenizer = json.loads(store.read_text(layout.TOKENIZER_STATS))
     shards = json.loads(store.read_text(layout.SHARD_STATS))
-    manifest = json.loads(store.read_text(layout.MANIFEST))
+    manifest = parse_manifest(store.read_bytes(layout.MANIFEST), store.join(layout.MANIFEST))
+    splits = split_totals(manifest)
     records = read_timings(store)
     timings = phase_summary(records)
+    _add_shard_and_process_rows(run, tasks, records)
 
     by_name = {s.name: s for s in [*per_input, *global_steps]}
     if "global_dedup" in by_name:
@@ -342,8 +359,7 @@ def build_report(run: Run) -> dict:
         "inputs": {
             "files": run.n_inputs,
             "file_bytes": file_bytes,
-            "gzip_file_bytes": sum(s["input_bytes"] for s in input_summaries  # of these, gzip-compressed
-                                   if urlsplit(s["input"]).path.endswith(".gz")),
+            "gzip_file_bytes": gzip_file_bytes,
             "text_bytes": read.bytes_in,
             "records": read.docs_in,
             "bad_input": bad_input,
@@ -367,14 +383,16 @@ def build_report(run: Run) -> dict:
             "output_tokens": totals["tokens"],
             "train_tokens": totals["train_tokens"],
             "val_tokens": totals["val_tokens"],
-            "train_shards": sum(1 for s in manifest["shards"] if s["split"] == "train"),
-            "val_shards": sum(1 for s in manifest["shards"] if s["split"] == "val"),
+            "train_shards": splits.get("train", {}).get("shards", 0),
+            "val_shards": splits.get("val", {}).get("shards", 0),
             "tokens_per_kept_text_byte": round(totals["tokens"] / kept.bytes_in, 6) if kept.bytes_in else 0.0,
             # wall-clock of the phases, each counted once however many processes ran it
             "wall_seconds": round(sum(p["wall_seconds"] for p in phases), 3) if recorded else None,
             "vocab_size": tokenizer["vocab_size"],
         },
-        "workers": _workers(run, input_summaries, tokenize_summaries, records),
+        # the tasks worth a row: every one of a phase's few, else its failed, slowest and largest
+        "workers": tasks.rows(),
+        "task_groups": tasks.summaries(),
         "config": shown_config(dump_config(run.config), store),
     }
 

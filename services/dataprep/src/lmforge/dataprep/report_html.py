@@ -550,10 +550,31 @@ def _dedup(report: Mapping[str, Any]) -> dict[str, Any]:
     return {"stats": stats, "chart": chart, "near_off": dedup.get("near_duplicate_enabled") is False}
 
 
+def _task_groups(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per phase and kind of task: how many, how many failed, their time and memory percentiles."""
+    groups = []
+    for raw in _sequence(report.get("task_groups")):
+        data = _mapping(raw)
+        seconds, rss = _mapping(data.get("seconds")), _mapping(data.get("peak_rss_bytes"))
+        tasks, listed = _int(data.get("tasks")), _int(data.get("rows_listed"))
+        groups.append({
+            "phase": str(data.get("phase", "")),
+            "task": str(data.get("task", "")),
+            "tasks": tasks,
+            "errors": _int(data.get("errors")),
+            "seconds": [to_finite(seconds.get(k)) for k in ("p50", "p90", "p99", "max")],
+            "seconds_total": to_finite(seconds.get("total")),
+            "peak_rss_bytes": [to_finite(rss.get(k)) for k in ("p50", "p90", "max")],
+            "listed": "all" if listed >= tasks else f"{count(listed)} of {count(tasks)}",
+        })
+    return groups
+
+
 def _workers(report: Mapping[str, Any]) -> dict[str, Any] | None:
     workers = [_mapping(w) for w in _sequence(report.get("workers"))]
     if not workers:
         return None
+    groups = _task_groups(report)
     # inputs with an error first, then the slowest
     workers.sort(key=lambda w: (not (w.get("error") or w.get("problems")), -to_finite(w.get("seconds"))))
     slowest = max(to_finite(w.get("seconds")) for w in workers)
@@ -577,13 +598,18 @@ def _workers(report: Mapping[str, Any]) -> dict[str, Any] | None:
     ]
     errors = sum(1 for w in workers if w.get("error"))
     note = f" (showing {len(shown)})" if len(shown) < len(workers) else ""
+    if groups and any(g["listed"] != "all" for g in groups):
+        what = (f"{count(sum(g['tasks'] for g in groups))} tasks, summarised per phase in the first table; a phase "
+                "of many tasks lists only its failed, slowest and largest below: "
+                f"{len(workers)} row(s){note}; {count(sum(g['errors'] for g in groups))} task(s) with an error")
+    else:
+        what = (f"{len(workers)} row(s){note}: each input's filter and tokenize task, each shard partition and each "
+                f"main process per phase; {errors} input(s) with an error")
     subtitle = (
-        f"{len(workers)} row(s){note}: each input's filter and tokenize task, and each main process per phase; "
-        f"{errors} input(s) with an error; slowest {duration(slowest)}; highest peak RSS "
-        f"{byte_size(peak.get('peak_rss_bytes'))} ({peak.get('task', '')}, {peak.get('phase', '')}). "
-        "Click a column header to sort."
+        f"{what}; slowest {duration(slowest)}; highest peak RSS {byte_size(peak.get('peak_rss_bytes'))} "
+        f"({peak.get('task', '')}, {peak.get('phase', '')}). Click a column header to sort."
     )
-    return {"rows": rows, "subtitle": subtitle}
+    return {"rows": rows, "groups": groups, "subtitle": subtitle}
 
 
 def _config_text(report: Mapping[str, Any]) -> str | None:

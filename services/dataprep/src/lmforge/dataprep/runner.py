@@ -1,35 +1,36 @@
-"""Runs the data-prep phases, locally (a process pool) or as one worker of an Indexed Job.
+"""Runs the data-prep stages (stages.py, in its order), locally (a process pool) or as one task
+slice of an Indexed Job.
 
-The parallel phases (inputs, dedup, tokenize, shards) build their task list once (tasks.py); a worker
-given indices runs those tasks of it (worker_slice), a local run all of them, and the run's
-executor (executor.py: inline, or a pool of spawned processes) runs the ones not yet complete.
+Every split stage builds its task list once (`stage_tasks`); a pod given indices runs those tasks
+of it (worker_slice), a local run all of them, and the run's executor (executor.py: inline, or a
+pool of spawned processes) runs the ones not yet complete. STAGE_RUNS holds one function per
+stage of stages.STAGES (a test holds them equal).
 
-Phases and their completion markers (a rerun skips what is complete):
-  inputs    per input: kept docs, rejects, signatures, stats,
-            dedup keys (one file per key column)                → work/done/input-*
-  dedup     per partition (LSH band / URL / content), from its
-            column's key files only: edges                      → work/dedup/edges-*.npy
-  cluster   per group of dedup partitions: components of their
-            edges                                               → work/dedup/forest-*.npz
-            then one merge → removed ids per input              → work/stats/global_dedup.json
-  tokenizer train or load                                      → tokenizer.json
-  tokenize  per input: tokens + index + dedup rejects          → work/done/tokenize-*
-  shards    per shard partition (inputs_per_partition inputs):
-            shuffle, split, shards, lineage                     → work/shards/partition-*.json
-  manifest  every partition's shards                            → manifest.json
-  report    report.json + report.html
-Nothing after the per-input stage reads more than its own partition's files, except cluster
-(every edge: its memory grows with the duplicates, not the documents) and the tokenizer
-(its bounded sample). Output does not depend on how many workers or processes ran a phase.
-Every process records its part of each phase it worked on (wall-clock, CPU, peak RSS) under
-work/timings/ (timings.py); the report adds them up per phase.
+Stages and their completion markers (a rerun skips what is complete):
+  inputs      per input: kept docs, rejects, stats, dedup keys with
+              signatures (one section per dedup partition)            → work/done/input-*
+  combine     per (input group, partition range): the group's
+              sections in one object                                  → layout.combined_keys
+  dedup       per partition, from every group's object: edges         → layout.edges
+  components  per round and share of the nodes: connected components
+              in rounds (components.py), then removed ids per input   → layout.components_done
+              and the summary (finish_components, by the tokenizer)   → work/stats/global_dedup.json
+  tokenizer   train or load                                          → tokenizer.json
+  tokenize    per input: tokens + index + dedup rejects               → work/done/tokenize-*
+  shards      per shard partition (inputs_per_partition inputs):
+              shuffle, split, shards, lineage                         → work/shards/partition-*.json
+  report      manifest.json, report.json + report.html
+No task reads more than a bounded number of objects: a dedup task one per input group, a
+components task one per task of the round before, the tokenizer its bounded sample. Output does
+not depend on how many workers or processes ran a stage. Every process records its part of each
+stage it worked on (wall-clock, CPU, peak RSS) under work/timings/ (timings.py); the report adds
+them up per stage.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -37,17 +38,17 @@ from typing import TypeVar
 from lmforge.common.config import dump_config
 from lmforge.common.errors import ConfigError, InputError, StorageError
 from lmforge.common.logging import StructLogger, get_logger
-from lmforge.common.storage import LocalStore, Store, expand_inputs, input_size, open_store
-from lmforge.dataprep import layout
+from lmforge.common.storage import LocalStore, Store, expand_inputs_with_sizes, input_size, open_store
+from lmforge.dataprep import components, layout
+from lmforge.dataprep.combine import combine_tasks
 from lmforge.dataprep.config import DataprepConfig
-from lmforge.dataprep.dedup_global import PartitionPlan as PartitionPlan  # cli.py sizes dedup slices with it
-from lmforge.dataprep.dedup_global import check_minhash_config, merge_clusters, write_minhash_config
+from lmforge.dataprep.dedup_global import check_minhash_config, resolved_minhash_config, write_minhash_config
 from lmforge.dataprep.executor import Executor, local_executor
 from lmforge.dataprep.progress import Progress
 from lmforge.dataprep.shard_writer import write_manifest
+from lmforge.dataprep.stages import GLOBAL_STAGES
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
-from lmforge.dataprep.tasks import Task, cluster_tasks, input_tasks, partition_tasks, tokenize_tasks
-from lmforge.dataprep.tasks import shard_tasks as shard_tasks  # cli.py counts shard tasks with it
+from lmforge.dataprep.tasks import Task, input_tasks, partition_tasks, shard_tasks, tokenize_tasks
 from lmforge.dataprep.timings import timed_phase
 from lmforge.dataprep.tokenize import prepare_tokenizer
 
@@ -120,10 +121,13 @@ def open_run(output: str, config: DataprepConfig | None, input_patterns: list[st
     if input_patterns:
         if config is None:
             raise ConfigError("a run that reads inputs needs a config")
-        inputs = expand_inputs(input_patterns)
+        sized = expand_inputs_with_sizes(input_patterns)
+        inputs = [uri for uri, _ in sized]
         _write_or_check(store, layout.INPUTS, inputs, "input list")
         _write_or_check(store, layout.CONFIG, dump_config(config), "config")
-        write_minhash_config(store, config.minhash)
+        # the counts "auto" leaves open are chosen once, from the inputs' sizes; every task sees them
+        config = config.model_copy(update={"minhash": write_minhash_config(store, config.minhash,
+                                                                           [size for _, size in sized])})
     else:
         if not store.exists(layout.INPUTS):
             raise InputError(f"{store.join(layout.INPUTS)} not found: run the per-input stage (with --input) first")
@@ -131,6 +135,8 @@ def open_run(output: str, config: DataprepConfig | None, input_patterns: list[st
         if config is not None:
             _write_or_check(store, layout.CONFIG, dump_config(config), "config")
         config = DataprepConfig.model_validate(json.loads(store.read_text(layout.CONFIG)))
+        if store.exists(layout.MINHASH_CONFIG):
+            config = config.model_copy(update={"minhash": resolved_minhash_config(store, config.minhash)})
     return Run(store, config, inputs, processes=max(1, processes))
 
 
@@ -181,12 +187,11 @@ def run_inputs(run: Run, indices: Iterable[int] | None = None) -> list:
                       input_bytes=sum(input_size(task.uri) or 0 for task in pending))
 
 
-def missing_inputs(run: Run) -> list[int]:
-    return [i for i in range(run.n_inputs) if not run.store.exists(layout.input_done(i))]
-
-
-def _require_inputs_done(run: Run) -> None:
-    missing = missing_inputs(run)
+def _require_inputs_done(run: Run, inputs: Iterable[int] | None = None) -> None:
+    """Every input at `inputs` (all when None) through the per-input stage: a pod checks only the
+    inputs its own tasks read, so its requests never grow with the run's inputs."""
+    missing = [i for i in (range(run.n_inputs) if inputs is None else inputs)
+               if not run.store.exists(layout.input_done(i))]
     if missing:
         names = ", ".join(run.inputs[i] for i in missing[:5])
         raise InputError(f"{len(missing)} input(s) not processed yet (e.g. {names}); run the per-input stage first")
@@ -223,35 +228,51 @@ def _input_problem(summary: dict) -> str:
     return ", ".join(parts) or "no records"
 
 
-def run_dedup(run: Run, indices: Iterable[int] | None = None) -> None:
-    _require_inputs_done(run)
+def run_combine(run: Run, indices: Iterable[int] | None = None) -> None:
+    tasks = combine_tasks(run.config, run.n_inputs)
+    _require_inputs_done(run, None if indices is None else _inputs_of(_chosen(tasks, indices)))
     _require_documents(run)
+    check_minhash_config(run.store, run.config.minhash)
+    _run_tasks(run, "combine", tasks, indices, unit="tasks")
+
+
+def _inputs_of(tasks) -> list[int]:
+    """The inputs a slice of combine or shards tasks reads (each covers first_input..stop_input)."""
+    return sorted({i for task in tasks for i in range(task.first_input, task.stop_input)})
+
+
+def run_dedup(run: Run, indices: Iterable[int] | None = None) -> None:
     check_minhash_config(run.store, run.config.minhash)
     _run_tasks(run, "dedup", partition_tasks(run.config, run.n_inputs), indices, unit="partitions")
 
 
-def run_cluster(run: Run, indices: Iterable[int] | None = None) -> dict | None:
-    """The cluster tasks at `indices` (all when None: then their merge too, whose summary it returns)."""
-    if indices is None and run.store.exists(layout.DEDUP_STATS):
-        return json.loads(run.store.read_text(layout.DEDUP_STATS))
-    _run_tasks(run, "cluster", cluster_tasks(run.config), indices, timing="dedup", unit="tasks")
-    return run_cluster_merge(run) if indices is None else None
-
-
-def run_cluster_merge(run: Run) -> dict:
+def run_components(run: Run, indices: Iterable[int] | None = None, round: int | None = None) -> dict | None:
+    """Round `round` of the components (the tasks at `indices`, all when None); without a round,
+    every round not yet settled, then the summary, which it returns."""
+    if round is not None:
+        _run_tasks(run, "components", components.components_tasks(run.config, run.n_inputs, round), indices,
+                   unit="tasks", round=round)
+        return None
     if run.store.exists(layout.DEDUP_STATS):
         return json.loads(run.store.read_text(layout.DEDUP_STATS))
-    started = time.perf_counter()
-    with timed_phase(run.store, "dedup", 1):
-        summary = merge_clusters(run.store, run.config.minhash, run.n_inputs)
-        summary["seconds"] = round(time.perf_counter() - started, 4)
-        run.store.write_text(layout.DEDUP_STATS, json.dumps(summary, indent=1))
+    for r in range(components.scheduled_rounds(run.config)):
+        if r > 0 and components.settled_by(run.store, run.config, r - 1):
+            break  # the later rounds would only mark themselves done
+        run_components(run, indices, r)
+    return _dedup_summary(run)
+
+
+def _dedup_summary(run: Run) -> dict:
+    if run.store.exists(layout.DEDUP_STATS):
+        return json.loads(run.store.read_text(layout.DEDUP_STATS))
+    with timed_phase(run.store, "components", 1):
+        summary = components.finish_components(run.store, run.config, run.n_inputs)
     run.log.info("dedup_clusters", **summary)
     return summary
 
 
 def run_tokenizer(run: Run) -> dict:
-    run_cluster_merge(run)
+    _dedup_summary(run)
     with timed_phase(run.store, "tokenizer", 0 if run.store.exists(layout.TOKENIZER_STATS) else 1):
         info = prepare_tokenizer(run.store, run.config, run.n_inputs)
     run.log.info("tokenizer_ready", **info)
@@ -272,20 +293,21 @@ def run_shards(run: Run, indices: Iterable[int] | None = None) -> dict | None:
     """The shard partitions at `indices` (all when None: then manifest.json too, returned)."""
     if indices is None and run.store.exists(layout.MANIFEST):
         return json.loads(run.store.read_text(layout.MANIFEST))
-    missing = [i for i in range(run.n_inputs) if not run.store.exists(layout.tokenize_done(i))]
+    tasks = shard_tasks(run.config, _tokenizer_info(run), run.n_inputs)
+    needed = range(run.n_inputs) if indices is None else _inputs_of(_chosen(tasks, indices))  # a pod: its own
+    missing = [i for i in needed if not run.store.exists(layout.tokenize_done(i))]
     if missing:
         raise InputError(f"{len(missing)} input(s) not tokenized yet: run the tokenize stage first")
-    _run_tasks(run, "shards", shard_tasks(run.config, _tokenizer_info(run), run.n_inputs), indices,
-               unit="partitions")
+    _run_tasks(run, "shards", tasks, indices, unit="partitions")
     return run_manifest(run) if indices is None else None
 
 
 def run_manifest(run: Run) -> dict:
     if run.store.exists(layout.MANIFEST):
         return json.loads(run.store.read_text(layout.MANIFEST))
-    with timed_phase(run.store, "shards", 1):
-        manifest = write_manifest(run.store, run.config, run.n_inputs, _tokenizer_info(run), run.inputs)
-    run.log.info("shards_written", shards=len(manifest["shards"]), **manifest["totals"])
+    with timed_phase(run.store, "report", 1):
+        manifest = write_manifest(run.store, run.config, run.n_inputs, _tokenizer_info(run))
+    run.log.info("shards_written", **manifest["totals"])
     return manifest
 
 
@@ -299,15 +321,61 @@ def run_report(run: Run) -> str:
     return path
 
 
+# One function per stage of stages.STAGES: (run, task indices or None for all, round or None).
+STAGE_RUNS: dict[str, Callable[..., object]] = {
+    "inputs": lambda run, indices, _round: run_inputs(run, indices),
+    "combine": lambda run, indices, _round: run_combine(run, indices),
+    "dedup": lambda run, indices, _round: run_dedup(run, indices),
+    "components": run_components,
+    "tokenizer": lambda run, _indices, _round: run_tokenizer(run),
+    "tokenize": lambda run, indices, _round: run_tokenize(run, indices),
+    "shards": lambda run, indices, _round: run_shards(run, indices),
+    "report": lambda run, _indices, _round: run_report(run),
+}
+
+
+def stage_tasks(run: Run, stage: str, round: int | None = None) -> list[Task]:
+    """The task list of a split stage (a pod with index k of n runs worker_slice of it)."""
+    if stage == "inputs":
+        return list(input_tasks(run.inputs))
+    if stage == "combine":
+        return list(combine_tasks(run.config, run.n_inputs))
+    if stage == "dedup":
+        return list(partition_tasks(run.config, run.n_inputs))
+    if stage == "components":
+        return list(components.components_tasks(run.config, run.n_inputs, round or 0))
+    if stage == "tokenize":
+        return list(tokenize_tasks({}, run.n_inputs))
+    if stage == "shards":
+        return list(shard_tasks(run.config, {}, run.n_inputs))
+    raise ConfigError(f"{stage!r} is not a split data-prep stage")
+
+
+def run_stage(run: Run, stage: str, worker_index: int | None = None, num_workers: int = 1,
+              round: int | None = None):
+    """One stage: all its tasks, or worker `worker_index`'s slice of them (of round `round` for a
+    rounds stage: a pod runs one round)."""
+    indices = None
+    if worker_index is not None:
+        if round is None and stage == "components":
+            raise ConfigError("a components task slice needs --round (one Indexed Job per round)")
+        indices = worker_slice(len(stage_tasks(run, stage, round)), worker_index, num_workers)
+    return STAGE_RUNS[stage](run, indices, round)
+
+
+def run_global_stages(run: Run) -> str:
+    """Every stage after the workers, in order, each skipping work already complete; returns the
+    report's path."""
+    report = None
+    for stage in GLOBAL_STAGES:
+        report = run_stage(run, stage.name)
+    return report
+
+
 def run_all(run: Run) -> str:
-    """Every phase in order, each skipping work already complete."""
+    """Every stage in order, each skipping work already complete; returns the report's path."""
     run_inputs(run)
-    run_dedup(run)
-    run_cluster(run)
-    run_tokenizer(run)
-    run_tokenize(run)
-    run_shards(run)
-    return run_report(run)
+    return run_global_stages(run)
 
 
 def default_processes() -> int:

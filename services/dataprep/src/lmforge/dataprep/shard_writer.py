@@ -1,9 +1,11 @@
 """Shard writing, one independent task per shard partition (a run of consecutive inputs,
 `shards.inputs_per_partition` of them): a seeded document-level shuffle of the partition's
 tokenized documents, a train/val split, shards of about `shard_tokens` tokens (documents are
-never split) and their lineage (document → shard, offset). Each partition's manifest entries
-go to layout.shard_entries, written last; `write_manifest` then lists every partition's
-shards, in partition order, in manifest.json.
+never split), each shard's block sidecar (lmforge.common.shards) and their lineage (document →
+shard, offset). Each partition's shard entries go to layout.shard_entries, written last;
+`write_manifest` then writes one index per split listing every partition's shards in partition
+order, and manifest.json naming the indexes (lmforge.common.shard_index: what a trainer's rank
+reads stays the size of its split's index, not of every shard's block hashes).
 
 A partition's shards depend only on its inputs, the config and the partition's index, so the
 output is the same whatever the number of workers or processes. The global mix across
@@ -12,6 +14,7 @@ permutation of (seed, epoch, step, rank) (lmforge.trainer.data)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -20,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from lmforge.common.errors import InputError
-from lmforge.common.shards import ShardDigest, token_dtype, write_shard
+from lmforge.common.shard_index import ShardEntry, new_manifest, write_split_index
+from lmforge.common.shards import HEADER_BYTES, ShardDigest, token_dtype, write_shard
 from lmforge.common.storage import LocalStore, Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
@@ -28,9 +32,6 @@ from lmforge.dataprep.document import format_doc_id
 from lmforge.dataprep.parquet_io import LINEAGE_SCHEMA, ParquetRowWriter
 from lmforge.dataprep.stats import PeakRss
 from lmforge.dataprep.tokenize import read_token_index
-
-MANIFEST_FORMAT = "lmforge-shards"
-MANIFEST_VERSION = 1
 
 
 @dataclass
@@ -92,6 +93,11 @@ def partitions(n_inputs: int, inputs_per_partition: int) -> list[range]:
             for first in range(0, n_inputs, inputs_per_partition)]
 
 
+def partition_count(n_inputs: int, inputs_per_partition: int) -> int:
+    """len(partitions(...)), without listing them."""
+    return -(-n_inputs // inputs_per_partition)
+
+
 def write_partition_shards(store: Store, config: DataprepConfig, tokenizer_info: dict, partition: int,
                            inputs_of_partition: range) -> dict:
     """Write one partition's shards and lineage, then its manifest entries; return them with stats."""
@@ -116,39 +122,49 @@ def write_partition_shards(store: Store, config: DataprepConfig, tokenizer_info:
     return result
 
 
-def write_manifest(store: Store, config: DataprepConfig, n_inputs: int, tokenizer_info: dict,
-                   inputs: list[str]) -> dict:
-    """manifest.json over every partition's shards (train, then val; each in partition order)."""
+def write_manifest(store: Store, config: DataprepConfig, n_inputs: int, tokenizer_info: dict) -> dict:
+    """A split index per split over every partition's shards (each in partition order), then
+    manifest.json naming them. The run's inputs stay in layout.INPUTS."""
     started = time.perf_counter()
-    parts = partitions(n_inputs, config.shards.inputs_per_partition)
-    missing = [p for p in range(len(parts)) if not store.exists(layout.shard_entries(p))]
+    n_partitions = partition_count(n_inputs, config.shards.inputs_per_partition)
+    missing = [p for p in range(n_partitions) if not store.exists(layout.shard_entries(p))]
     if missing:
         raise InputError(f"{len(missing)} shard partition(s) not written yet (e.g. {missing[:5]}): "
                          "run the shards stage first")
-    results = [json.loads(store.read_text(layout.shard_entries(p))) for p in range(len(parts))]
-    entries = [entry for split in ("train", "val") for result in results for entry in result["entries"][split]]
-    documents = sum(result["documents"] for result in results)
-    tokens = sum(result["tokens"] for result in results)
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
-        "dtype": token_dtype(tokenizer_info["vocab_size"]).name,
-        "shards": entries,
-        "tokenizer": {k: tokenizer_info[k] for k in ("path", "sha256", "vocab_size", "eot_token", "eot_id")},
-        "totals": {
-            "documents": documents,
-            "tokens": tokens,
-            "train_tokens": int(sum(e["tokens"] for e in entries if e["split"] == "train")),
-            "val_tokens": int(sum(e["tokens"] for e in entries if e["split"] == "val")),
-        },
-        "config": config.model_dump(mode="json"),
-        "inputs": inputs,
-    }
-    stats = {"seconds": round(sum(r["seconds"] for r in results) + time.perf_counter() - started, 4),
-             "shards": len(entries), "partitions": len(parts), "documents": documents, "tokens": tokens}
+    itemsize = token_dtype(tokenizer_info["vocab_size"]).itemsize
+    entries: dict[str, list[ShardEntry]] = {"train": [], "val": []}
+    documents = tokens = 0
+    task_seconds = 0.0
+    for p in range(n_partitions):  # one partition's summary in memory at a time
+        result = json.loads(store.read_text(layout.shard_entries(p)))
+        for split, listed in entries.items():
+            listed.extend(_index_entry(store, raw, itemsize) for raw in result["entries"][split])
+        documents, tokens = documents + result["documents"], tokens + result["tokens"]
+        task_seconds += result["seconds"]
+    splits = {split: write_split_index(store.write_bytes, split, listed) for split, listed in entries.items()}
+    manifest = new_manifest(
+        {k: tokenizer_info[k] for k in ("path", "sha256", "vocab_size", "eot_token", "eot_id")}, splits,
+        totals={"documents": documents, "tokens": tokens, "train_tokens": splits["train"]["tokens"],
+                "val_tokens": splits["val"]["tokens"], "shards": sum(s["shards"] for s in splits.values())},
+        config=config.model_dump(mode="json"))
+    stats = {"seconds": round(task_seconds + time.perf_counter() - started, 4),
+             "shards": manifest["totals"]["shards"], "partitions": n_partitions, "documents": documents,
+             "tokens": tokens}
     store.write_text(layout.SHARD_STATS, json.dumps(stats, indent=1))
     store.write_text(layout.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
+
+
+def _index_entry(store: Store, raw: dict, itemsize: int) -> ShardEntry:
+    """A partition summary's shard as the split index lists it. A partition written before block
+    sidecars lists its block hashes itself: its shards' sidecars are written from them here."""
+    blocks_sha256 = raw.get("blocks_sha256")
+    if blocks_sha256 is None:
+        sidecar = b"".join(bytes.fromhex(block) for block in raw["block_sha256"])
+        store.write_bytes(raw["path"].removesuffix(".bin") + ".blocks", sidecar)
+        blocks_sha256 = hashlib.sha256(sidecar).hexdigest()
+    return ShardEntry(raw["path"], int(raw["tokens"]), int(raw["documents"]), HEADER_BYTES + raw["tokens"] * itemsize,
+                      raw["sha256"], int(raw["block_bytes"]), blocks_sha256)
 
 
 @dataclass
@@ -200,7 +216,7 @@ class _PartitionWriter:
         else:
             digest = _write_remote_shard(self.store, rel, tokens, ends, info)
         return {"path": rel, "split": split, "tokens": int(len(tokens)), "documents": len(batch),
-                **digest.manifest_fields(), "index": rel.removesuffix(".bin") + ".idx"}
+                **digest.index_fields(), "index": rel.removesuffix(".bin") + ".idx"}
 
 
 def _write_remote_shard(store: Store, rel: str, tokens, ends, tokenizer_info) -> ShardDigest:
@@ -208,13 +224,15 @@ def _write_remote_shard(store: Store, rel: str, tokens, ends, tokenizer_info) ->
     import tempfile
     from pathlib import Path
 
-    from lmforge.common.shards import index_path
+    from lmforge.common.shards import blocks_path, index_path
 
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / Path(rel).name
         digest = write_shard(local, tokens, ends, eot_id=tokenizer_info["eot_id"],
                              vocab_size=tokenizer_info["vocab_size"], tokenizer_sha256=tokenizer_info["sha256"])
-        for source, target in ((local, rel), (index_path(local), rel.removesuffix(".bin") + ".idx")):
+        stem = rel.removesuffix(".bin")
+        for source, target in ((local, rel), (index_path(local), stem + ".idx"),
+                               (blocks_path(local), stem + ".blocks")):
             with open(source, "rb") as src, store.open_write(target) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
     return digest

@@ -1,5 +1,5 @@
-"""The parallel phases' work as task lists: one task per input (inputs, tokenize), per dedup
-partition, per group of dedup partitions (cluster) or per shard partition. A task is a small
+"""The split stages' work as task lists: one task per input (inputs, tokenize), per dedup
+partition or per shard partition (combine.py and components.py build their own). A task is a small
 picklable value that names its completion marker and runs against a store and a config; it holds
 nothing else, so any process can run it.
 
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
-from lmforge.dataprep.dedup_global import PartitionPlan, cluster_group, cluster_groups, group_partition
+from lmforge.dataprep.dedup_global import PartitionPlan, group_partition
 from lmforge.dataprep.shard_writer import partitions, write_partition_shards
 from lmforge.dataprep.tokenize import tokenize_input
 from lmforge.dataprep.worker import InputResult, process_input
@@ -62,20 +62,6 @@ class PartitionTask:
 
 
 @dataclass(frozen=True)
-class ClusterTask:
-    """The duplicate components of one group of dedup partitions' edges (dedup_global.py)."""
-
-    group: int
-
-    @property
-    def done_marker(self) -> str:
-        return layout.cluster_forest(self.group)
-
-    def run(self, store: Store, config: DataprepConfig) -> int:
-        return cluster_group(store, config.minhash, self.group)
-
-
-@dataclass(frozen=True)
 class TokenizeTask:
     """The tokens of one input's kept documents, less those dedup removed (tokenize.py)."""
 
@@ -114,10 +100,6 @@ def input_tasks(inputs: list[str]) -> list[InputTask]:
 
 def partition_tasks(config: DataprepConfig, n_inputs: int) -> list[PartitionTask]:
     return [PartitionTask(n_inputs, p) for p in range(PartitionPlan.from_config(config.minhash).count)]
-
-
-def cluster_tasks(config: DataprepConfig) -> list[ClusterTask]:
-    return [ClusterTask(k) for k in range(len(cluster_groups(config.minhash)))]
 
 
 def tokenize_tasks(tokenizer_info: dict, n_inputs: int) -> list[TokenizeTask]:

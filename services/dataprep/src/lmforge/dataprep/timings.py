@@ -22,16 +22,11 @@ from collections.abc import Iterator
 
 from lmforge.common.storage import Store
 from lmforge.dataprep.layout import TIMINGS
+from lmforge.dataprep.stages import STAGES
 from lmforge.dataprep.stats import PeakRss
 
-# Phase → what it does, in run order.
-PHASES: dict[str, str] = {
-    "inputs": "per-input workers: read → filters → MinHash",
-    "dedup": "global dedup: LSH/URL/content partitions, clustering",
-    "tokenizer": "tokenizer training",
-    "tokenize": "tokenize",
-    "shards": "shards per partition: shuffle, split, shards, lineage; then the manifest",
-}
+# Phase → what it does, in run order: the stages (stages.py).
+PHASES: dict[str, str] = {stage.name: stage.help for stage in STAGES}
 
 
 # CPU seconds of the tasks this process handed to its pool processes, as each task reported its

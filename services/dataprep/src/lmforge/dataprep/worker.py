@@ -1,27 +1,27 @@
 """The per-input stage: read → URL/exact dedup → language ID → Gopher repetition →
 Gopher quality → PII → contamination → MinHash signatures.
 
-One input file is one unit of work. Its outputs (kept documents, rejects, signatures, dedup
-keys: one file with a section per dedup partition, see dedup_keys.py, stats) are
-written atomically and a completion marker last, so a killed run redoes at
-most the inputs that were in flight, and a rerun skips finished ones.
+One input file is one unit of work. Its outputs (kept documents, rejects, dedup keys: one
+file with a section per dedup partition, a band partition's holding the signatures too, see
+dedup_keys.py, stats) are written atomically and a completion marker last, so a killed run
+redoes at most the inputs that were in flight, and a rerun skips finished ones.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 
 from lmforge.common.storage import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
-from lmforge.dataprep.dedup_global import PartitionPlan
-from lmforge.dataprep.dedup_keys import encode_keys
+from lmforge.dataprep.dedup_global import PartitionPlan, resolved_minhash_config
+from lmforge.dataprep.dedup_keys import SIGNATURE_DTYPE, write_input_keys
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher
 from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
@@ -65,16 +65,15 @@ class MinHashStep(BaseTransform):
     def _key_matrix(self) -> np.ndarray:
         return np.asarray(self.keys, dtype=np.uint64).reshape(len(self.doc_ids), self.hasher.bands + 2)
 
-    def key_file_bytes(self, plan: PartitionPlan) -> bytes:
-        """This input's key file: a section per dedup partition (dedup_keys.py)."""
-        return encode_keys(np.asarray(self.doc_ids, dtype=np.uint64), self._key_matrix(), plan.sections(),
-                           plan.partitions_per_band)
+    def _signature_matrix(self) -> np.ndarray:
+        return np.asarray(self.signatures, dtype=SIGNATURE_DTYPE).reshape(len(self.doc_ids),
+                                                                          self.hasher.config.num_perm)
 
-    def signatures_npy_bytes(self) -> bytes:
-        buffer = io.BytesIO()
-        sigs = np.asarray(self.signatures, dtype=np.uint32).reshape(len(self.doc_ids), self.hasher.config.num_perm)
-        np.save(buffer, sigs)
-        return buffer.getvalue()
+    def write_key_file(self, fh: BinaryIO, plan: PartitionPlan) -> None:
+        """This input's key file: a section per dedup partition, a band partition's with the
+        signatures of its documents (dedup_keys.py), written section by section."""
+        write_input_keys(fh, np.asarray(self.doc_ids, dtype=np.uint64), self._key_matrix(), plan.sections(),
+                         plan.partitions_per_band, self._signature_matrix(), plan.signed)
 
 
 def build_filter_steps(config: DataprepConfig) -> list[PipelineStep]:
@@ -132,9 +131,9 @@ def process_input(store: Store, config: DataprepConfig, uri: str, input_index: i
                 "warc_date": doc.metadata.get("warc_date", ""),
                 "scores": doc.metadata.get("scores") or None,
             })
-    store.write_bytes(layout.signatures(input_index), minhash_step.signatures_npy_bytes())
-    plan = PartitionPlan.from_config(config.minhash)
-    store.write_bytes(layout.dedup_keys(input_index), minhash_step.key_file_bytes(plan))
+    plan = PartitionPlan.from_config(resolved_minhash_config(store, config.minhash))
+    with store.open_write(layout.dedup_keys(input_index)) as fh:
+        minhash_step.write_key_file(fh, plan)
     seconds = time.perf_counter() - started
     peak_rss = peak.bytes()
     input_bytes = int(reader.stats.counters.get("input_bytes", 0))

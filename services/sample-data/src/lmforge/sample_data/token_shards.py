@@ -9,23 +9,32 @@ from pathlib import Path
 
 import numpy as np
 
+from lmforge.common.shard_index import ShardEntry, new_manifest, write_split_index
 from lmforge.common.shards import BLOCK_BYTES, write_shard
 
 
 def write_output(root: Path, shard_tokens: dict[str, list[np.ndarray]], *, vocab_size: int,
                  tokenizer_sha: str = "ab" * 32, block_bytes: int = BLOCK_BYTES) -> Path:
-    """Shards per split and a manifest.json in data-prep's format (block hashes per `block_bytes`)."""
-    entries = []
+    """Shards per split (each with its block sidecar, blocks of `block_bytes`), a split index per
+    split and manifest.json, in data-prep's format (lmforge.common.shard_index)."""
     (root / "shards").mkdir(parents=True, exist_ok=True)
+    splits = {}
     for split, arrays in shard_tokens.items():
+        entries = []
         for k, tokens in enumerate(arrays):
             rel = f"shards/{split}_{k:05d}.bin"
             digest = write_shard(root / rel, tokens, np.array([len(tokens)]), eot_id=0, vocab_size=vocab_size,
                                  tokenizer_sha256=tokenizer_sha, block_bytes=block_bytes)
-            entries.append({"path": rel, "split": split, "tokens": int(len(tokens)), **digest.manifest_fields()})
-    manifest = {"shards": entries, "tokenizer": {"sha256": tokenizer_sha, "vocab_size": vocab_size}}
+            entries.append(ShardEntry(rel, int(len(tokens)), 1, (root / rel).stat().st_size, **digest.index_fields()))
+        splits[split] = write_split_index(lambda rel, data: _write(root / rel, data), split, entries)
+    manifest = new_manifest({"sha256": tokenizer_sha, "vocab_size": vocab_size}, splits)
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
 
 
 def synthetic_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_000, seed: int = 0,

@@ -5,6 +5,7 @@ import sys
 from lmforge.common.cli import ServiceCli
 from lmforge.trainer.config import load_train_config
 from lmforge.trainer.launch import die_with_launcher
+from lmforge.trainer.process_exit import frozen_exit
 from lmforge.trainer.train import train
 
 
@@ -24,4 +25,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(frozen_exit(main()))

@@ -13,6 +13,7 @@ from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import InputError
 from lmforge.common.logging import get_logger
 from lmforge.trainer.planner.command import add_arguments as add_plan_arguments
+from lmforge.trainer.process_exit import frozen_exit
 
 TORCHRUN_MODULES = {"run": "lmforge.trainer", "preflight": "lmforge.trainer.preflight"}
 
@@ -95,4 +96,4 @@ main = CLI.main
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(frozen_exit(main()))

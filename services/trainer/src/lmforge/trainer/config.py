@@ -43,6 +43,27 @@ class DataSection(StrictModel):
                              "are evicted beyond it (s3:// sources are streamed, never copied whole)")
     prefetch: int = Field(8, ge=0, description="batches loaded at once ahead of the step, in background threads "
                           "(0: none); enough to hide the object store's latency for s3:// sources")
+    shuffle: Literal["blocks", "global"] = Field(
+        "blocks", description="blocks: each epoch, units of shuffle_unit_blocks storage blocks in a keyed order, "
+        "sequences shuffled within windows of shuffle_window_blocks, so a fetched block is used whole while cached "
+        "(for corpora far larger than the cache); global: uniform over the whole corpus (about one block fetched per "
+        "sequence once the corpus outgrows the cache). Either way the batches are a pure function of the seed, the "
+        "step and the position in the step's global batch: a restart, or another world size or grad_accum with the "
+        "same global batch and settings, reads exactly the same ones")
+    shuffle_streams: int = Field(8, ge=1, description="blocks: groups of global-batch positions, each reading its own "
+                                 "units (MosaicML's canonical nodes); a multiple of the number of nodes keeps every "
+                                 "node to its own blocks. Used: the largest divisor of the step's global batch "
+                                 "(sequences per rank per micro-step x grad_accum x data-parallel ranks) that is at "
+                                 "most this and at most the smallest source's sequences")
+    shuffle_window_blocks: int = Field(128, ge=1, description="blocks: storage blocks whose sequences are shuffled "
+                                       "together (128 blocks of 4 MiB: 512 MiB); the cache needs about two windows per "
+                                       "stream the node reads, per source")
+    shuffle_unit_blocks: int = Field(8, ge=1, description="blocks: consecutive storage blocks kept together in the "
+                                     "epoch's order; reading a unit fetches one block more than it holds, so bytes "
+                                     "fetched per byte trained are about (n + 1) / n")
+    shuffle_mixture_chunk: int = Field(1024, ge=1, description="blocks: each stream's draws come in chunks of this "
+                                       "many, which hold each source's share of the weights exactly (largest "
+                                       "remainder); a source with a weight needs at least one draw a chunk")
 
 
 class OptimSection(StrictModel):

@@ -1,25 +1,31 @@
 """s3:// data sources read in place: a rank fetches the byte ranges its sequences lie in, as the
-manifest's blocks (`block_bytes`, 4 MiB), through the node's block cache (block_cache.py); no
+shards' blocks (`block_bytes`, 4 MiB), through the node's block cache (block_cache.py); no
 node ever copies the whole data set.
 
-- Opening a source reads manifest.json only: a shard's sequence count follows from its token
-  count, so no shard is fetched before a sequence of it is read.
-- Each block is verified once, when it is fetched: the object's size against the manifest
+- Opening a source reads manifest.json and its split's index (lmforge.common.shard_index), never
+  the other split's: a shard's sequence count follows from its token count, so no shard is
+  fetched before a sequence of it is read.
+- A shard's block sidecar (its blocks' sha256) is fetched with its first block and checked against
+  the index; the sidecars of the SIDECARS_KEPT most recently read shards stay in memory, so a
+  rank's memory does not grow with the corpus.
+- Each block is verified once, when it is fetched: the object's size against the index
   (1024 + tokens × bytes per token, from the GET's Content-Range) and the block's sha256 against
-  `block_sha256`. A manifest without block hashes (older data prep) makes the whole shard one
-  block, checked against its `sha256`. A shard's header (magic, version, token count, token
-  size, tokenizer) is checked the first time a process reads from the shard.
+  the sidecar. A version-1 manifest lists the block hashes itself, or none (older data prep): then
+  the whole shard is one block, checked against its `sha256`. A shard's header (magic, version,
+  token count, token size, tokenizer) is checked the first time a process reads from the shard.
 - `StreamingSource` has ShardSource's interface (num_sequences, sequence(), tokenizer_sha256,
-  vocab_size, name), so MixtureSampler draws the same sequences from either and a batch stays
-  the same pure function of (seed, step, rank); `sequence()` returns the same bytes.
-- `read_batch` is MixtureSampler.batch with a batch's sequences read by a pool of threads, so a
+  vocab_size, name, sequence_ends, block_bytes, token_bytes), so a sampler (sampling.py) draws the
+  same sequences from either and a batch stays the same pure function of (seed, step, rank);
+  `sequence()` returns the same bytes.
+- `read_batch` is a sampler's batch() with a batch's sequences read by a pool of threads, so a
   batch's missing blocks are fetched in parallel.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +35,22 @@ import numpy as np
 from lmforge.common.errors import ConfigError, InputError, LmforgeError, ShardFormatError, StorageError
 from lmforge.common.logging import get_logger
 from lmforge.common.s3 import NOT_FOUND_CODES, S3Bucket, error_code
+from lmforge.common.shard_index import (
+    MANIFEST,
+    ShardEntry,
+    block_digest,
+    check_sidecar,
+    parse_manifest,
+    read_split_index,
+)
 from lmforge.common.shards import HEADER_BYTES, ShardHeader, token_dtype
 from lmforge.common.storage import S3Location, local_path_of, scheme_of
 from lmforge.trainer.block_cache import BlockCache
-from lmforge.trainer.data import MixtureSampler, SampleRef, ShardSource, locate_sequence
+from lmforge.trainer.data import SampleRef, ShardSource, locate_sequence
+from lmforge.trainer.sampling import Sampler
 
-MANIFEST = "manifest.json"
 FETCH_THREADS = 16  # sequences of a batch read at once (each a block fetch at worst)
+SIDECARS_KEPT = 4096  # shards whose block digests a source keeps in memory (32 bytes per block)
 
 
 @dataclass
@@ -45,8 +60,9 @@ class _StreamedShard:
     tokens: int
     size: int  # of the .bin object: header + tokens
     block_bytes: int
-    block_sha256: list[str]
     sequences: int
+    entry: ShardEntry
+    inline_digests: bytes | None  # a version-1 manifest's block digests; None: in the shard's sidecar
     header_checked: bool = field(default=False)
 
 
@@ -60,11 +76,13 @@ class StreamingSource:
         self.seq_len, self.cache = seq_len, cache
         self.prefix = "/".join(_safe_parts(loc.key, uri))
         self.bucket = S3Bucket(loc.bucket, concurrency=FETCH_THREADS)
-        self.manifest = _parse_manifest(self._manifest_bytes(), self.uri)
+        self.manifest = parse_manifest(self._manifest_bytes(), f"{self.uri}/{MANIFEST}")
         self.tokenizer_sha256 = self.manifest["tokenizer"]["sha256"]
         self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
         self.dtype = token_dtype(self.vocab_size)
-        entries = [s for s in self.manifest["shards"] if s["split"] == split]
+        self._sidecars: OrderedDict[str, bytes] = OrderedDict()
+        self._sidecars_lock = threading.Lock()
+        entries = read_split_index(self.manifest, split, self._object_bytes, self.uri)
         if not entries:
             raise ConfigError(f"data source {self.uri}: no {split!r} shards in manifest.json")
         self.shards = [s for s in map(self._shard, entries) if s.sequences > 0]
@@ -75,6 +93,7 @@ class StreamingSource:
             raise ConfigError(f"data.cache_bytes {cache.max_bytes} is smaller than one block of {self.uri} "
                               f"({largest} bytes)")
         self._ends = np.cumsum([s.sequences for s in self.shards])
+        self.block_bytes = max(e.block_bytes for e in entries)  # as ShardSource's (sampling.py)
         get_logger("trainer").info("data_stream_open", source=self.uri, split=split, shards=len(self.shards),
                                    bytes=sum(s.size for s in self.shards), cache=str(cache.root),
                                    cache_bytes=cache.max_bytes)
@@ -82,6 +101,15 @@ class StreamingSource:
     @property
     def num_sequences(self) -> int:
         return int(self._ends[-1])
+
+    @property
+    def sequence_ends(self) -> np.ndarray:
+        """Cumulative sequences per shard, as ShardSource's."""
+        return self._ends
+
+    @property
+    def token_bytes(self) -> int:
+        return self.dtype.itemsize
 
     def sequence(self, index: int) -> np.ndarray:
         """seq_len + 1 tokens: inputs and (shifted by one) targets (as ShardSource.sequence)."""
@@ -108,18 +136,41 @@ class StreamingSource:
             raise InputError(not_there)
         return data
 
-    def _shard(self, entry: dict) -> _StreamedShard:
-        key = _key(self.prefix, "/".join(_safe_parts(entry["path"], self.uri)))
-        url, tokens = self.bucket.url(key), int(entry["tokens"])
-        size = HEADER_BYTES + tokens * self.dtype.itemsize
-        if entry.get("block_sha256") is not None:
-            block_bytes, blocks = int(entry["block_bytes"]), list(entry["block_sha256"])
-        else:  # an older manifest: the shard is one block
-            block_bytes, blocks = size, [entry["sha256"]]
-        if block_bytes < 1 or len(blocks) != -(-size // block_bytes):
-            raise ShardFormatError(f"{url}: manifest.json lists {len(blocks)} block hashes of {block_bytes} bytes "
-                                   f"for a {size}-byte shard")
-        return _StreamedShard(key, url, tokens, size, block_bytes, blocks, max(0, (tokens - 1) // self.seq_len))
+    def _object_bytes(self, rel: str) -> bytes | None:
+        """A small object of the data set (an index, a sidecar), whole; None when it does not exist."""
+        key = _key(self.prefix, "/".join(_safe_parts(rel, self.uri)))
+        try:
+            return self.bucket.get_bytes(key)
+        except Exception as exc:
+            raise StorageError(f"cannot read {self.bucket.url(key)}: {exc}") from exc
+
+    def _shard(self, entry: ShardEntry) -> _StreamedShard:
+        key = _key(self.prefix, "/".join(_safe_parts(entry.path, self.uri)))
+        inline = None
+        if entry.inline_block_sha256 is not None:
+            try:
+                inline = b"".join(bytes.fromhex(block) for block in entry.inline_block_sha256)
+            except (TypeError, ValueError) as exc:
+                raise ShardFormatError(f"{self.bucket.url(key)}: manifest.json's block hashes are not hex") from exc
+        return _StreamedShard(key, self.bucket.url(key), entry.tokens, entry.size, entry.block_bytes,
+                              max(0, (entry.tokens - 1) // self.seq_len), entry, inline)
+
+    def _digests(self, shard: _StreamedShard) -> bytes:
+        """The shard's block digests: inline, or its sidecar (fetched on first use, kept while recent)."""
+        if shard.inline_digests is not None:
+            return shard.inline_digests
+        with self._sidecars_lock:
+            digests = self._sidecars.get(shard.key)
+            if digests is not None:
+                self._sidecars.move_to_end(shard.key)
+                return digests
+        # fetched outside the lock: two threads may fetch one sidecar at once, never block each other
+        digests = check_sidecar(self._object_bytes(shard.entry.sidecar_path), shard.entry, self.uri)
+        with self._sidecars_lock:
+            self._sidecars[shard.key] = digests
+            while len(self._sidecars) > SIDECARS_KEPT:
+                self._sidecars.popitem(last=False)
+        return digests
 
     def _check_header(self, shard: _StreamedShard) -> None:
         header = ShardHeader.unpack(self._read(shard, 0, HEADER_BYTES), shard.url)
@@ -134,15 +185,16 @@ class StreamingSource:
 
     def _read(self, shard: _StreamedShard, start: int, length: int) -> bytes:
         """Bytes [start, start + length) of the shard's .bin file, block by block."""
-        size = shard.block_bytes
+        size, digests = shard.block_bytes, self._digests(shard)
         parts = []
         for block in range(start // size, (start + length - 1) // size + 1):
             lo, hi = max(start, block * size), min(start + length, (block + 1) * size)
-            parts.append(self.cache.read(shard.block_sha256[block], lo - block * size, hi - lo,
-                                         lambda block=block: self._fetch_block(shard, block)))
+            digest = block_digest(digests, block)
+            parts.append(self.cache.read(digest, lo - block * size, hi - lo,
+                                         lambda block=block, digest=digest: self._fetch_block(shard, block, digest)))
         return b"".join(parts)
 
-    def _fetch_block(self, shard: _StreamedShard, block: int) -> bytes:
+    def _fetch_block(self, shard: _StreamedShard, block: int, digest: str) -> bytes:
         start = block * shard.block_bytes
         length = min(shard.block_bytes, shard.size - start)
         try:
@@ -160,9 +212,9 @@ class StreamingSource:
         if total != shard.size:
             raise ShardFormatError(f"{shard.url}: {total} bytes, the manifest's {shard.tokens} tokens make "
                                    f"{shard.size}; the object is truncated or replaced")
-        if hashlib.sha256(data).hexdigest() != shard.block_sha256[block]:
-            raise ShardFormatError(f"{shard.url}: bytes {start}-{start + length - 1} do not match manifest.json's "
-                                   "sha256 (corrupt or replaced)")
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ShardFormatError(f"{shard.url}: bytes {start}-{start + length - 1} do not match their recorded "
+                                   "block sha256 (corrupt or replaced)")
         return data
 
 
@@ -187,7 +239,7 @@ def open_sources(uris: list[str], names: list[str], split: str, seq_len: int, *,
 _pool: ThreadPoolExecutor | None = None
 
 
-def read_batch(sampler: MixtureSampler, step: int, rank: int, world_size: int,
+def read_batch(sampler: Sampler, step: int, rank: int, world_size: int,
                per_rank: int) -> tuple[np.ndarray, list[SampleRef]]:
     """sampler.batch(...), with the sequences of streamed sources read in parallel."""
     global _pool
@@ -198,15 +250,6 @@ def read_batch(sampler: MixtureSampler, step: int, rank: int, world_size: int,
     refs = sampler.batch_refs(step, rank, world_size, per_rank)
     rows = _pool.map(lambda ref: sampler.sources[ref.source].sequence(ref.sequence), refs)
     return np.stack(list(rows)), refs
-
-
-def _parse_manifest(raw: bytes, uri: str) -> dict:
-    try:
-        manifest = json.loads(raw)
-        _ = manifest["tokenizer"]["sha256"], manifest["tokenizer"]["vocab_size"], manifest["shards"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ShardFormatError(f"{uri}/{MANIFEST}: not a data-prep manifest ({exc!r})") from exc
-    return manifest
 
 
 def _safe_parts(path: str, uri: str) -> list[str]:

@@ -19,7 +19,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from lmforge.common.model_config import GPTConfig
-from lmforge.trainer.expert_parallel import clip_grad_norm_expert_parallel, reduce_expert_gradients
 from lmforge.trainer.mesh_layout import MeshLayout
 
 
@@ -66,5 +65,8 @@ def build_expert_parallel_groups(world: DeviceMesh | None, layout: MeshLayout) -
 def clip_gradients_expert_parallel(model: nn.Module, groups: ExpertParallelGroups, max_norm: float) -> torch.Tensor:
     """After the step's backward passes: the expert gradients reduced over the data-parallel ranks
     (FSDP reduced the rest), then every gradient clipped by the whole model's norm, returned."""
+    # imported here: its DTensor import is start-up time that a process refusing its layout need not pay
+    from lmforge.trainer.expert_parallel import clip_grad_norm_expert_parallel, reduce_expert_gradients
+
     reduce_expert_gradients(model, groups.data_parallel_size, groups.outside_ep)
     return clip_grad_norm_expert_parallel(model, max_norm)

@@ -16,7 +16,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lmforge.trainer.config import Float8Section, ParallelSection
 from lmforge.trainer.context_parallel import apply_context_parallel
-from lmforge.trainer.expert_parallel import apply_expert_parallel, expert_parameters
 from lmforge.trainer.expert_parallel_layout import ExpertParallelGroups, build_expert_parallel_groups
 from lmforge.trainer.float8 import apply_float8
 from lmforge.trainer.mesh_layout import MESH_ORDER, MeshLayout, trainer_layout
@@ -110,6 +109,8 @@ def parallelize(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist,
     if ctx.layout.tp > 1:
         apply_tensor_parallel(model, ctx.mesh["tp"])
     if ctx.experts is not None:
+        from lmforge.trainer.expert_parallel import apply_expert_parallel  # (DTensor: imported where used)
+
         apply_expert_parallel(model, ctx.experts.mesh)
     if parallel.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -144,6 +145,8 @@ def _fully_shard(model: torch.nn.Module, parallel: ParallelSection, ctx: Dist) -
     if policy is not None:
         kwargs["mp_policy"] = policy
     if ctx.experts is not None:  # sharded over ep instead; their gradients are reduced by the trainer's step
+        from lmforge.trainer.expert_parallel import expert_parameters
+
         kwargs["ignored_params"] = set(expert_parameters(model))
     for block in model.blocks.children():
         fully_shard(block, **kwargs)

@@ -23,6 +23,9 @@ gradients, so the cp ranks' shares add up.
 Not supported, refused by `validate_pipeline` before any process group work: tied embeddings
 (the head would live on another stage than the embedding it shares) and the MoE option (its
 auxiliary losses arise on every stage, but a pipeline backpropagates from the last stage's loss).
+
+torch.distributed.pipelining is imported by `build_pipeline` only (it imports torch._dynamo): a process
+that only validates a layout, as a rank refusing its config at start does, starts without it.
 """
 
 from __future__ import annotations
@@ -30,24 +33,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-from torch.distributed.tensor import DTensor
 
 from lmforge.common.errors import ConfigError
 from lmforge.common.model import GPT, GPTConfig
 from lmforge.trainer.context_parallel import context_parallel_loss
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 __all__ = [
     "SCHEDULES", "Pipeline", "PipelineChunk", "bubble_fraction", "build_pipeline", "chunk_layers",
     "clip_grad_norm_pipeline", "pipeline_eval", "pipeline_step", "split_model", "validate_pipeline",
 ]
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+# schedule name → its torch.distributed.pipelining class (looked up when a pipeline is built)
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
 INTERLEAVED = ("interleaved_1f1b",)
 
 
@@ -192,9 +198,12 @@ def build_pipeline(model: GPT, group: dist.ProcessGroup, schedule: str, microbat
     if parallelize_chunk is not None:
         for chunk in chunks.values():
             parallelize_chunk(chunk)
-    stages = [PipelineStage(chunk, index, pp * virtual_stages, device, group=group) for index, chunk in chunks.items()]
+    from torch.distributed import pipelining
+
+    stages = [pipelining.PipelineStage(chunk, index, pp * virtual_stages, device, group=group)
+              for index, chunk in chunks.items()]
     loss_fn = MicrobatchLoss(microbatches * grad_accum, cp_group)
-    schedule_class = SCHEDULES[schedule]
+    schedule_class = getattr(pipelining, SCHEDULES[schedule])
     runner = schedule_class(stages if schedule in INTERLEAVED else stages[0], microbatches, loss_fn=loss_fn,
                             scale_grads=False)
     return Pipeline(list(chunks.values()), stages, runner, group, microbatches, grad_accum,
@@ -232,7 +241,7 @@ def _run_schedule(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tenso
         return_outputs=False, **kwargs)
     if pipeline.has_last_stage:
         # (under tensor parallelism each is a replicated DTensor: loss_parallel's cross-entropy)
-        losses = [loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]
+        losses = [loss.full_tensor() if hasattr(loss, "full_tensor") else loss for loss in losses]
         loss = torch.stack([loss.detach() for loss in losses]).sum() * pipeline.grad_accum
         if pipeline.cp_group is not None:  # cp × this rank's share: the mean over the cp group is the whole mean
             dist.all_reduce(loss, group=pipeline.cp_group)

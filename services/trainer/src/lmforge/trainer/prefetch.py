@@ -1,6 +1,6 @@
 """Batches prepared ahead in background threads (pinned host memory on GPU).
 
-Which sequences a batch holds stays a pure function of its index (see data.py); the threads
+Which sequences a batch holds stays a pure function of its index (see sampling.py); the threads
 only compute batch(index) for the next indices before the loop asks for them, `depth` of them
 at once, and hand them over in index order. Loading several at once is what hides an object
 store's latency: one batch at a time, a loader is never faster than one batch's round trips.

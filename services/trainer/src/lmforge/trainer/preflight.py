@@ -42,6 +42,7 @@ from lmforge.common.logging import get_logger
 from lmforge.trainer.config import ENV_PREFIX, ParallelSection, PreflightSection, TrainConfig
 from lmforge.trainer.launch import die_with_launcher
 from lmforge.trainer.parallel import Dist, init_distributed
+from lmforge.trainer.process_exit import frozen_exit
 
 FAULT_ENV = "LMFORGE_TRAINER_PREFLIGHT_FAULT"
 # Powers of two, so that x @ x with x = 1/n everywhere is exactly x again in fp32 (and tf32).
@@ -258,4 +259,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(frozen_exit(main()))

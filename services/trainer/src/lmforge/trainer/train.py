@@ -29,10 +29,9 @@ from lmforge.common.moe import update_router_biases
 from lmforge.common.storage import scheme_of
 from lmforge.trainer import faults
 from lmforge.trainer.block_cache import BlockCache
-from lmforge.trainer.checkpoint import Checkpointer, best_checkpoint, load_latest
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.context_parallel import context_parallel_forward, context_parallel_problems
-from lmforge.trainer.data import MixtureSampler, SampleRef
+from lmforge.trainer.data import SampleRef
 from lmforge.trainer.data_stream import open_sources, read_batch
 from lmforge.trainer.expert_parallel_layout import clip_gradients_expert_parallel, expert_parallel_problems
 from lmforge.trainer.float8 import precompute_float8_scales, refuse_unsupported_float8
@@ -53,6 +52,7 @@ from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
 from lmforge.trainer.profiling import StepProfiler
 from lmforge.trainer.run_log import RunLog
+from lmforge.trainer.sampling import BlockSampler, GlobalSampler, Sampler
 
 # What the prefetcher yields: (batch index, tokens, where each sequence came from, seconds waited).
 Batches = Iterator[tuple[int, torch.Tensor, list[SampleRef], float]]
@@ -79,15 +79,21 @@ def node_cache(config: TrainConfig) -> BlockCache | None:
     return BlockCache(Path(config.data.cache_dir or Path(config.run_dir) / "data-cache"), config.data.cache_bytes)
 
 
-def build_sampler(config: TrainConfig, split: str = "train", cache: BlockCache | None = None) -> MixtureSampler:
-    sources = open_sources([s.path for s in config.data.sources],
-                           [Path(s.path.rstrip("/")).name for s in config.data.sources], split, config.data.seq_len,
-                           cache=cache, verify_sha256=config.data.verify_sha256)
-    return MixtureSampler(sources, [s.weight for s in config.data.sources], config.seed)
+def build_sampler(config: TrainConfig, split: str = "train", cache: BlockCache | None = None) -> Sampler:
+    data = config.data
+    sources = open_sources([s.path for s in data.sources], [Path(s.path.rstrip("/")).name for s in data.sources],
+                           split, data.seq_len, cache=cache, verify_sha256=data.verify_sha256)
+    weights = [s.weight for s in data.sources]
+    if data.shuffle == "global":
+        return GlobalSampler(sources, weights, config.seed)
+    return BlockSampler(sources, weights, config.seed, streams=data.shuffle_streams,
+                        window_blocks=data.shuffle_window_blocks, unit_blocks=data.shuffle_unit_blocks,
+                        mixture_chunk=data.shuffle_mixture_chunk,
+                        grad_accum=config.grad_accum if split == "train" else 1)  # an eval batch is one micro-step
 
 
 @torch.no_grad()
-def evaluate(model, sampler: MixtureSampler, config: TrainConfig, ctx: Dist) -> float:
+def evaluate(model, sampler: Sampler, config: TrainConfig, ctx: Dist) -> float:
     """Mean loss over the same eval_batches val batches every time (all ranks)."""
     model.eval()
     total = torch.zeros((), device=ctx.device)
@@ -171,7 +177,7 @@ class Trainer:
     runs the steps from there to config.steps."""
 
     def __init__(self, config: TrainConfig, ctx: Dist, run: RunLog, cache: BlockCache | None,
-                 sampler: MixtureSampler):
+                 sampler: Sampler):
         self.config, self.ctx, self.run, self.sampler = config, ctx, run, sampler
         source = sampler.sources[0]
         self.initial_state = None  # model.init_from's weights, copied in before parallelize
@@ -190,6 +196,10 @@ class Trainer:
                                 * ctx.dp_size)
         self.flops_per_step = flops_per_token(model_config, config.data.seq_len) * self.tokens_per_step
         self.peak_flops = device_peak_flops(ctx.device, config.metrics.peak_flops)
+
+        # imported here, not at the top: DCP's import (DTensor, ~0.5 s of CPU) is start-up that a rank refusing
+        # its layout before any process group need not pay
+        from lmforge.trainer.checkpoint import Checkpointer
 
         self.checkpoints = Path(config.run_dir) / "checkpoints"
         self.checkpoint_meta = {
@@ -249,6 +259,8 @@ class Trainer:
     def _resume(self) -> tuple[int, float]:
         """Loads the newest committed checkpoint (if resuming) and records the attempt's start;
         returns the first step to run and the best val loss so far."""
+        from lmforge.trainer.checkpoint import best_checkpoint, load_latest
+
         resumed_from, best_val = None, math.inf
         if self.config.checkpoint.resume:
             loaded = load_latest(self.checkpoints, self.model, self.optimizer)

@@ -108,15 +108,16 @@ def validation_documents(data_dir: Path, count: int) -> list[str]:
     """The first `count` documents of the validation shards, decoded."""
     from tokenizers import Tokenizer
 
+    from lmforge.common.shard_index import MANIFEST, parse_manifest, read_split_index
     from lmforge.common.shards import open_shard, read_doc_ends
 
-    manifest = json.loads((data_dir / "manifest.json").read_text())
+    manifest = parse_manifest((data_dir / MANIFEST).read_bytes(), str(data_dir / MANIFEST))
     tokenizer = Tokenizer.from_file(str(data_dir / "tokenizer.json"))
     documents: list[str] = []
-    for shard in (s for s in manifest["shards"] if s["split"] == "val"):
-        _, tokens = open_shard(data_dir / shard["path"])
+    for shard in read_split_index(manifest, "val", lambda rel: (data_dir / rel).read_bytes(), str(data_dir)):
+        _, tokens = open_shard(data_dir / shard.path)
         start = 0
-        for end in read_doc_ends(data_dir / shard["path"]):
+        for end in read_doc_ends(data_dir / shard.path):
             text = tokenizer.decode([int(t) for t in tokens[start:end]]).strip()
             start = int(end)
             if text:
