@@ -245,8 +245,8 @@ def test_rounds_after_the_final_one_only_mark_themselves_done(tmp_path):
               for r in range(scheduled_rounds(config))]
     assert states == ["shuffled", "unchanged"] + ["idle"] * (scheduled_rounds(config) - 2)
     assert [settled_by(store, config, r) for r in range(4)] == [False, True, True, True]
-    idle_files = store.list("work/dedup/components/round-003/")
-    assert idle_files == [layout.components_done(3, t) for t in range(2)]  # an idle round writes its markers only
+    idle_files = [rel for rel in store.list("work/dedup/components/") if "/round-003/" in rel]
+    assert sorted(idle_files) == sorted(layout.components_done(3, t) for t in range(2))  # its markers only
 
 
 def test_a_graph_not_settled_within_max_rounds_fails_naming_the_setting(tmp_path):

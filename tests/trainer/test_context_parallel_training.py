@@ -67,8 +67,9 @@ def test_a_cp_checkpoint_resumes_under_fsdp_alone(llama_reference):
     FSDP ranks without cp: the parameters are the model's own, and steps 10… are the uninterrupted run's."""
     tmp, data, single, model = llama_reference
     run_dir = tmp / "cp-to-fsdp"
-    common = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"steps={STEPS}", "optim.warmup_steps=2",
-              "optim.lr=0.003", "checkpoint.every=5", f"run_dir={run_dir}", "model.preset=llama-debug"]
+    common = [f"data.sources=[{{path: {data}}}]", "data.shuffle=global", "data.seq_len=32", f"steps={STEPS}",
+              "optim.warmup_steps=2", "optim.lr=0.003", "checkpoint.every=5", f"run_dir={run_dir}",
+              "model.preset=llama-debug"]  # the reference's shuffle (test_parallel.run_trainer)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 "-m", "lmforge.trainer"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

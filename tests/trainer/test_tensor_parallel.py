@@ -15,7 +15,7 @@ import torch
 from lmforge.common.model_package import load_package
 from lmforge.trainer.data import ShardSource
 from lmforge.trainer.export import export
-from lmforge.trainer.sampling import BlockSampler
+from lmforge.trainer.sampling import GlobalSampler
 from tests.trainer.helpers import losses_by_step, read_metrics
 from tests.trainer.helpers import run_trainer as run_trainer_process
 from tests.trainer.test_parallel import STEPS, run_trainer
@@ -63,7 +63,8 @@ def test_a_checkpoint_resumes_under_another_layout_and_exports(llama_reference, 
     consolidates the checkpoint saved under the first layout."""
     tmp, data, single, model = llama_reference
     run_dir = tmp / name
-    common = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"steps={STEPS}", "optim.warmup_steps=2",
+    common = [f"data.sources=[{{path: {data}}}]", "data.shuffle=global", "data.seq_len=32", f"steps={STEPS}",
+              "optim.warmup_steps=2",
               "optim.lr=0.003", "checkpoint.every=5", f"run_dir={run_dir}", "model.preset=llama-debug"]
 
     def batch(layout: tuple[str, ...]) -> str:  # the same 8-sequence global batch: 8 / data-parallel ranks
@@ -80,7 +81,7 @@ def test_a_checkpoint_resumes_under_another_layout_and_exports(llama_reference, 
     # export consolidates the step 9 saved under the first layout: the package's loss on step 10's batch
     package = export(run_dir / "checkpoints" / "step-00000009", tmp / f"{name}-package")
     model, _ = load_package(package)
-    sampler = BlockSampler([ShardSource(data, "train", 32, name="data")], [1.0], seed=1234)
+    sampler = GlobalSampler([ShardSource(data, "train", 32, name="data")], [1.0], seed=1234)  # as the runs
     tokens = torch.from_numpy(sampler.batch(10, 0, 1, 8)[0])
     with torch.no_grad():
         _, loss = model(tokens[:, :-1], tokens[:, 1:])

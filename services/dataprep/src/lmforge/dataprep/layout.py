@@ -86,7 +86,7 @@ def edges(partition: int) -> str:
 
 
 def removed(i: int) -> str:
-    """Input i's documents that global dedup removed (doc ids, reasons), written by the cluster task:
+    """Input i's documents that global dedup removed (doc ids, reasons), written by a components task:
     the only part of the duplicate clusters a task on input i reads."""
     return f"work/dedup/removed/{i:06d}.npz"
 
@@ -129,8 +129,10 @@ def components_object(round_: int, source: int, dest: int) -> str:
 
 
 def components_done(round_: int, task: int) -> str:
-    """A components task's completion marker (JSON: what the round did, whether its part changed)."""
-    return f"work/dedup/components/round-{round_:03d}/done-{task:05d}.json"
+    """A components task's completion marker (JSON: what the round did, whether its part changed).
+    Every task of the next round reads every one of them: spread under the hash directories too."""
+    name = f"round-{round_:03d}/done-{task:05d}.json"
+    return f"work/dedup/components/{_hash_dir(name)}/{name}"
 
 
 def components_nodes(task: int) -> str:
