@@ -34,3 +34,10 @@ def make_bucket(endpoint: str, name: str):
                           aws_access_key_id="testing", aws_secret_access_key="testing")
     client.create_bucket(Bucket=name)
     return client
+
+
+def upload_tree(client, bucket: str, root, prefix: str) -> None:
+    """Every file under `root` to s3://bucket/prefix/<its path under root>."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(root).as_posix()}")

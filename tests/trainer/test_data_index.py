@@ -18,7 +18,7 @@ from lmforge.trainer import data_stream
 from lmforge.trainer.block_cache import BlockCache
 from lmforge.trainer.data import ShardSource
 from lmforge.trainer.data_stream import StreamingSource
-from tests.s3_server import make_bucket
+from tests.s3_server import make_bucket, upload_tree
 from tests.trainer.helpers import random_output
 
 SEQ = 32
@@ -27,9 +27,7 @@ BUCKET = "lmf-index"
 
 
 def upload(client, root, prefix: str) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(root).as_posix()}")
+    upload_tree(client, BUCKET, root, prefix)
 
 
 @pytest.fixture(scope="module")

@@ -22,17 +22,12 @@ from lmforge.trainer.data import ShardSource
 from lmforge.trainer.data_stream import StreamingSource, open_sources, read_batch
 from lmforge.trainer.sampling import BlockSampler
 from tests.s3_server import make_bucket
+from tests.s3_server import upload_tree as upload
 from tests.trainer.helpers import random_output, read_metrics
 
 SEQ = 32
 BLOCK = 4096  # small manifest blocks: the 20,000-token train shards are 10 blocks each
 BUCKET = "lmf-stream"
-
-
-def upload(client, bucket: str, root, prefix: str) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
 
 
 @pytest.fixture(scope="module")
