@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from lmforge.trainer.launch import first_failure
 from tests.trainer.helpers import random_output, read_metrics
 
 TINY = ["data.seq_len=16", "data.batch_size=2", "parallel.mode=ddp",
@@ -104,3 +106,20 @@ def test_a_missing_data_path_exits_3_through_the_launcher(tmp_path):
     assert set(errors[:-1]) == {rank_error}, errors  # each rank's one line
     assert errors[-1].startswith("lmforge-train run: error: rank ") and "exited with code 3" in errors[-1]
     assert not run_dir.exists()
+
+
+def failure(exitcode: int, timestamp: int) -> SimpleNamespace:
+    """What first_failure reads of torchrun's ProcessFailure."""
+    return SimpleNamespace(exitcode=exitcode, timestamp=timestamp)
+
+
+def test_the_first_failure_is_not_a_rank_torchrun_terminated_in_the_same_second():
+    # Rank 1 exits 3; torchrun sends SIGTERM to rank 0, and both failures carry the same second.
+    error = first_failure({0: failure(-signal.SIGTERM, 100), 1: failure(3, 100)})
+    assert (error.exit_code, str(error)) == (3, "rank 1 exited with code 3 (the first of 2 failed ranks)")
+    # A SIGTERM the whole job received (an eviction) still reports as one.
+    error = first_failure({0: failure(-signal.SIGTERM, 100), 1: failure(-signal.SIGTERM, 100)})
+    assert (error.exit_code, str(error).split(" (")[0]) == (143, "rank 0 was killed by SIGTERM")
+    # Otherwise the earliest failure, then the lowest rank.
+    error = first_failure({0: failure(-signal.SIGKILL, 101), 1: failure(7, 100), 2: failure(3, 100)})
+    assert (error.exit_code, str(error).split(" (")[0]) == (7, "rank 1 exited with code 7")

@@ -51,8 +51,15 @@ def torchrun(module: str, nproc: int, config: str | None, overrides: Sequence[st
 
 def first_failure(failures: dict) -> LaunchError:
     """The error of the rank that failed first ({rank: torchrun's ProcessFailure}, each with its
-    exit code, negative for a signal, and its time)."""
-    rank = min(failures, key=lambda r: (failures[r].timestamp, r))
+    exit code, negative for a signal, and its time).
+
+    torchrun stamps a failure in whole seconds and, once one rank fails, sends SIGTERM to the
+    rest: a rank ended by SIGTERM is the consequence of another's failure whenever one ended
+    otherwise, even in the same second, so those ranks come first."""
+    def order(r: int) -> tuple:
+        return (failures[r].exitcode == -signal.SIGTERM, failures[r].timestamp, r)
+
+    rank = min(failures, key=order)
     code = failures[rank].exitcode
     if code < 0:
         how, exit_code = f"was killed by {signal.Signals(-code).name}", 128 - code
