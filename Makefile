@@ -8,14 +8,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SETUP_STAMP := $(VENV)/.lmforge-setup
-SERVICES := services/common services/dataprep services/trainer services/uploader services/inference services/canary
+SERVICES := services/common services/model services/pages services/dataprep services/trainer services/uploader services/inference services/canary
 # lmforge.demo: `make demo`, every service as a local process (not an image).
 DEMO_PACKAGE := services/demo
 # lmforge.sample_data: synthetic inputs for the demo, the tests and the benchmarks (in no image).
 SAMPLE_DATA_PACKAGE := services/sample-data
 # Installed editable with the services: the Kubeflow pipelines (kfp v2 SDK, pinned in its pyproject;
 # with the extras the steps of both pipelines need, as the step images have them).
-PACKAGES := $(SERVICES) pipelines $(DEMO_PACKAGE) $(SAMPLE_DATA_PACKAGE)
+# lmforge.tooling: the generators `make docs` runs (in no image).
+TOOLING_PACKAGE := tooling
+PACKAGES := $(SERVICES) pipelines $(DEMO_PACKAGE) $(SAMPLE_DATA_PACKAGE) $(TOOLING_PACKAGE)
 PIPELINES_DIR ?= build/pipelines
 # chromium: the HTML reports' render test (headless screenshots). g++: kenlm (the perplexity step's
 # lmforge-dataprep[kenlm] extra) is a C++ extension built from its source distribution.
@@ -35,7 +37,7 @@ define apt_install
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 endef
-# More demo settings: make demo DEMO_ARGS="--set train.steps=600" (README: configuration reference).
+# More demo settings: make demo DEMO_ARGS="--set train.steps=600" (docs/configuration.md, Demo).
 DEMO_ARGS ?=
 
 # -- Images (docker/README.md) --------------------------------------------------------------------
@@ -100,12 +102,14 @@ demo-stop: ## stop what a killed demo left running
 	@if [ -x $(VENV)/bin/lmforge-demo ]; then $(VENV)/bin/lmforge-demo stop --workdir $(DEMO_DIR); \
 	else echo "nothing to stop (no $(VENV))"; fi
 
-# The README's configuration reference and the chart's values.schema.json, regenerated from the
-# services' pydantic models (and, for the chart-level values, lmforge.common.chart_values).
-docs: setup ## regenerate the README's configuration reference, the chart's values schema and its data-prep stage list
-	$(PY) -m lmforge.common.config_reference --readme README.md
-	$(PY) -m lmforge.common.values_schema --write helm/lmforge/values.schema.json
-	$(PY) -m lmforge.dataprep.stages --write helm/lmforge/dataprep-stages.json
+# The configuration reference (docs/configuration.md) and the chart's values.schema.json, regenerated
+# from the services' pydantic models (and, for the chart-level values, lmforge.tooling.chart_values);
+# then the documentation site (mkdocs.yml), strict: a broken link or a page left out of the nav fails.
+docs: setup ## regenerate the configuration reference, the chart's values schema and data-prep stage list; build the site into build/site
+	$(PY) -m lmforge.tooling.config_reference --write docs/configuration.md
+	$(PY) -m lmforge.tooling.values_schema --write helm/lmforge/values.schema.json
+	$(PY) -m lmforge.tooling.dataprep_stages --write helm/lmforge/dataprep-stages.json
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 test: setup image-tools ## every test, the image builds included (pytest lists the 25 slowest)
 	$(check_engine)
@@ -119,8 +123,8 @@ test-images: setup image-tools ## build every service image and run the image te
 	$(check_engine)
 	$(image_env) $(PY) -m pytest -q -m images tests/images
 
-lint: setup ## ruff over services, tests, bench, pipelines, docker
-	$(VENV)/bin/ruff check services tests bench pipelines docker
+lint: setup ## ruff over services, tooling, tests, bench, pipelines, docker
+	$(VENV)/bin/ruff check services tooling tests bench pipelines docker
 
 # The data and train pipelines as KFP IR YAML, for upload in the Kubeflow Pipelines UI (the step
 # images are lmforge/<service>:<tag>; set LMFORGE_IMAGE_REGISTRY / LMFORGE_IMAGE_TAG to change them).
@@ -170,8 +174,9 @@ bench-serve-engine: setup ## the paged inference engine against today's (a git r
 	$(PY) bench/serve/engine_bench.py
 
 # Every GPU figure in docs/benchmarks.md, on a machine with CUDA devices (fails fast without one).
-bench-gpu: setup ## every GPU figure: training MFU (350m, llama-350m, llama-1b, beside the planner's; llama-1b Float8 and activation checkpointing), serving vs HF generate
+bench-gpu: setup ## every GPU figure: training MFU (350m, llama-350m, llama-1b, beside the planner's and added to its calibration; llama-1b Float8 and activation checkpointing), serving vs HF generate
 	$(PY) bench/train_throughput.py --suite gpu
+	$(PY) bench/record_calibration.py bench/out/train-throughput-gpu.json
 	$(PY) bench/train_memory.py --device cuda --preset 350m --ranks 1
 	$(PY) bench/serve/serve_bench.py --suite gpu
 	$(PY) bench/serve/hf_generate_bench.py

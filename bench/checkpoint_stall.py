@@ -35,7 +35,8 @@ def main() -> None:
 
     import torch
 
-    from lmforge.common.model import GPT, GPTConfig
+    from lmforge.model.config import GPTConfig
+    from lmforge.model.transformer import GPT
     from lmforge.trainer.checkpoint import Checkpointer
     from lmforge.trainer.config import OptimSection
     from lmforge.trainer.optim import build_optimizer

@@ -200,7 +200,7 @@ def run_as_pods(counter: RequestCounter, output: str, inputs: list[str], sets: l
     tasks; one for a single stage), each pod opening the run as the CLI does. The components
     rounds run until one whose tasks only mark themselves done (idle), as the chart's Jobs would.
     Returns {stage: {"pods": pods per round, "rounds": rounds run (a rounds stage)}}."""
-    from lmforge.dataprep import components, runner
+    from lmforge.dataprep import components, stage_runs
     from lmforge.dataprep.config import load_dataprep_config
     from lmforge.dataprep.stages import ROUNDS, STAGES
 
@@ -209,15 +209,15 @@ def run_as_pods(counter: RequestCounter, output: str, inputs: list[str], sets: l
 
     def pod_run(stage: str, k: int, n: int, round_: int | None = None) -> None:
         with counter.scoped("pod", stage, round_, k):
-            run = runner.open_run(output, config if stage == "inputs" else None,
+            run = stage_runs.open_run(output, config if stage == "inputs" else None,
                                   inputs if stage == "inputs" else None, processes=1)
             with run:
-                runner.run_stage(run, stage, k if n else None, max(n, 1), round_)
+                stage_runs.run_stage(run, stage, k if n else None, max(n, 1), round_)
 
     def task_count(stage: str, round_: int | None = None) -> int:
         with counter.scoped("driver", stage):
-            run = runner.open_run(output, None, None) if stage != "inputs" else None
-            return len(inputs) if run is None else len(runner.stage_tasks(run, stage, round_))
+            run = stage_runs.open_run(output, None, None) if stage != "inputs" else None
+            return len(inputs) if run is None else len(stage_runs.stage_tasks(run, stage, round_))
 
     for stage in STAGES:
         if stage.kind == ROUNDS:
@@ -228,7 +228,7 @@ def run_as_pods(counter: RequestCounter, output: str, inputs: list[str], sets: l
                     pod_run(stage.name, k, n, r)
                 rounds += 1
                 with counter.scoped("driver", stage.name):
-                    run = runner.open_run(output, None, None)
+                    run = stage_runs.open_run(output, None, None)
                     states = {round_state(run, r, t) for t in range(run.config.components.tasks)}
                 if states == {components.IDLE}:
                     break
@@ -381,12 +381,12 @@ def local_digests(output: Path) -> dict[str, str]:
 
 def local_run(inputs: list[str], sets: list[str], output: Path) -> dict[str, str]:
     """The same inputs, one worker, output on local disk: what the S3 run must equal."""
-    from lmforge.dataprep import runner
+    from lmforge.dataprep import stage_runs
     from lmforge.dataprep.config import load_dataprep_config
 
     shutil.rmtree(output, ignore_errors=True)
-    with runner.open_run(str(output), load_dataprep_config(None, sets), inputs, processes=1) as run:
-        runner.run_all(run)
+    with stage_runs.open_run(str(output), load_dataprep_config(None, sets), inputs, processes=1) as run:
+        stage_runs.run_all(run)
     return local_digests(output)
 
 
@@ -427,7 +427,7 @@ def measure(client, counter: RequestCounter, name: str, inputs: list[str], sets:
             scratch: Path) -> dict:
     """One corpus through every stage on S3 as pods, then the same locally at one worker; the
     requests per stage and whether the outputs are byte-identical."""
-    from lmforge.dataprep import runner
+    from lmforge.dataprep import stage_runs
     from lmforge.dataprep.stages import STAGES
 
     bucket, root = f"crawl-{name}", "out"
@@ -438,7 +438,7 @@ def measure(client, counter: RequestCounter, name: str, inputs: list[str], sets:
     ran = run_as_pods(counter, output, inputs, sets, pods)
     seconds = time.perf_counter() - started
     with counter.scoped("driver", "summary"):
-        config = runner.open_run(output, None, None).config
+        config = stage_runs.open_run(output, None, None).config
     stages = {stage.name: {**stage_summary(counter, stage.name, bucket, root, len(inputs), config),
                            **ran.get(stage.name, {})} for stage in STAGES}
     whole = run_summary(counter, bucket, root)

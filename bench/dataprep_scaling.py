@@ -397,7 +397,7 @@ class _Env:
 
 def _task_count(output: str, stage: str, env: dict, round_: int | None = None) -> int:
     """Tasks of a split stage, from the run's recorded inputs and config (read back from S3)."""
-    from lmforge.dataprep.runner import open_run, stage_tasks
+    from lmforge.dataprep.stage_runs import open_run, stage_tasks
 
     with _Env(env):
         return len(stage_tasks(open_run(output, None, None), stage, round_))
@@ -405,7 +405,7 @@ def _task_count(output: str, stage: str, env: dict, round_: int | None = None) -
 
 def _round_states(output: str, env: dict, round_: int) -> set[str]:
     from lmforge.dataprep import layout
-    from lmforge.dataprep.runner import open_run
+    from lmforge.dataprep.stage_runs import open_run
 
     with _Env(env):
         run = open_run(output, None, None)

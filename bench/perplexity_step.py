@@ -37,8 +37,9 @@ def lmforge_package(texts: list[str], preset: str, vocab_size: int, out: Path) -
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from lmforge.common.model import GPT, GPTConfig
-    from lmforge.common.model_package import write_package
+    from lmforge.model.config import GPTConfig
+    from lmforge.model.package import write_package
+    from lmforge.model.transformer import GPT
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -96,7 +96,7 @@ def run_layout(label: str, preset: str, degrees: dict[str, int], data: Path, run
 
 def planned_state(preset: str, degrees: dict[str, int], args) -> dict[str, float]:
     """lmforge-train plan's model-state bytes per GPU (its most loaded stage) for the same layout."""
-    from lmforge.common.model import GPTConfig
+    from lmforge.model.config import GPTConfig
     from lmforge.trainer.planner.layout import Layout
     from lmforge.trainer.planner.memory import StateConfig, memory_per_gpu
     from lmforge.trainer.planner.shape import ModelShape

@@ -22,7 +22,9 @@ earlier result whose plain bf16 row the Float8 and checkpointing rows are set ag
 rewritten after every row, and a row that fails or outlasts --row-timeout is recorded with its
 error and the suite goes on.
 
-Results: bench/out/train-throughput-<suite>.json and a Markdown table.
+Results: bench/out/train-throughput-<suite>.json and a Markdown table; the gpu suite's JSON also
+carries the date and the command line, and bench/record_calibration.py (which `make bench-gpu` runs
+after it) adds its rows to the planner's calibration records.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def bare_step_times(data: Path, steps: int, args) -> list[float]:
     """The same forward/backward/step with nothing around it; batches pre-loaded in memory."""
     import torch
 
-    from lmforge.common.model import GPT
+    from lmforge.model.transformer import GPT
     from lmforge.trainer.config import TrainConfig
     from lmforge.trainer.optim import build_optimizer, learning_rate
     from lmforge.trainer.train import build_sampler
@@ -219,7 +221,7 @@ def gpu_suite(args, save=lambda result: None) -> dict:
     activation checkpointing's tokens/s against the same preset's plain bf16 row."""
     import torch
 
-    from lmforge.common.model import GPTConfig
+    from lmforge.model.config import GPTConfig
     from lmforge.sample_data.token_shards import synthetic_output
 
     gpus = torch.cuda.device_count() if args.device == "cuda" else 1
@@ -228,11 +230,13 @@ def gpu_suite(args, save=lambda result: None) -> dict:
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.machine()})"
     baseline = json.loads(Path(args.baseline).read_text())["rows"] if args.baseline else []
     rows, datasets = [], {}
+    # when and how: bench/record_calibration.py copies both into the planner's calibration records
+    started, command = time.strftime("%Y-%m-%d", time.gmtime()), " ".join(["python3", *sys.argv])
 
     def result() -> dict:
         return {"suite": "gpu", "device": device_name, "gpus": gpus, "presets": args.preset, "runs": args.runs,
                 "seq_len": args.seq_len, "global_batch": args.batch, "compile": args.compile,
-                "gpu_steps": args.gpu_steps, "rows": rows,
+                "gpu_steps": args.gpu_steps, "date": started, "command": command, "rows": rows,
                 "against_bf16": against_bf16([*rows, *baseline], args.float8_preset)}
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from lmforge.common.model import GPT, GPTConfig
-from lmforge.common.model_package import load_package, write_package
+from lmforge.model.config import GPTConfig
+from lmforge.model.package import load_package, write_package
+from lmforge.model.transformer import GPT
 from tests.ports import free_port
 from tests.processes import stop, wait_http_ok
 

@@ -89,10 +89,11 @@ class Side:
 
         import torch
 
-        from lmforge.common import kv_cache
-        from lmforge.common.model import GPT, GPTConfig
         from lmforge.inference import engine as engine_module
         from lmforge.inference.sampling import SamplingParams
+        from lmforge.model import kv_cache
+        from lmforge.model.config import GPTConfig
+        from lmforge.model.transformer import GPT
 
         # today's slot cache is KVCache, the paged one PagedKVCache: both say bytes_per_token
         cache_class = getattr(kv_cache, "KVCache", None) or kv_cache.PagedKVCache

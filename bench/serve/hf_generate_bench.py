@@ -5,7 +5,7 @@ with a static KV cache, on the same model, prompts and GPU as `serve_bench.py --
 The model is serve_bench's package (the same preset, tokenizer and weights, with the
 end-of-text row pushed away so that every request runs to max_tokens; reused from
 bench/out/serve when serve_bench built it, built the same way otherwise), exported with
-lmforge's own exporter (lmforge.common.hf_package.write_hf_package, the code behind
+lmforge's own exporter (lmforge.model.hf_package.write_hf_package, the code behind
 `lmforge-train export --format hf`) and loaded with `AutoModelForCausalLM.from_pretrained` in
 bf16 (fp32 on CPU) with transformers' default attention (SDPA).
 
@@ -73,7 +73,7 @@ class StepClock(BaseStreamer):
 
 def package_for(work: Path, preset: str, context_length: int, seed: int, rebuild: bool) -> tuple[Path, list[str]]:
     """serve_bench's package (reused when it is there) and the texts its prompts come from."""
-    from lmforge.common.model_package import verify_package
+    from lmforge.model.package import verify_package
 
     package = work / f"model-{preset}-ctx{context_length}"
     if not rebuild and (package / "config.json").is_file():
@@ -87,8 +87,8 @@ def package_for(work: Path, preset: str, context_length: int, seed: int, rebuild
 
 
 def export_hf(package: Path, out: Path) -> Path:
-    from lmforge.common.hf_package import write_hf_package
-    from lmforge.common.model_package import load_package
+    from lmforge.model.hf_package import write_hf_package
+    from lmforge.model.package import load_package
 
     model, meta = load_package(package, "cpu")
     return write_hf_package(model, package / "tokenizer.json", out, step=meta.get("step") or 0)

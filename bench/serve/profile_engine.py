@@ -100,8 +100,8 @@ def main() -> None:
     from serve_bench import PROMPTS, REPO, SUITES, build_package, prompt_mix
     from tokenizers import Tokenizer
 
-    from lmforge.common.model_package import load_package
     from lmforge.inference.engine import Engine
+    from lmforge.model.package import load_package
 
     work = REPO / "bench" / "out" / "serve"
     work.mkdir(parents=True, exist_ok=True)

@@ -83,10 +83,11 @@ def build_package(work: Path, preset: str, context_length: int, seed: int = 0) -
     import torch
     from tokenizers import Tokenizer
 
-    from lmforge.common.model import GPT, GPTConfig
-    from lmforge.common.model_package import write_package
     from lmforge.dataprep.config import TokenizerConfig
     from lmforge.dataprep.tokenize import new_bpe_tokenizer
+    from lmforge.model.config import GPTConfig
+    from lmforge.model.package import write_package
+    from lmforge.model.transformer import GPT
 
     texts = sample_texts(work, 3000, 11)
     tokenizer, trainer = new_bpe_tokenizer(TokenizerConfig(vocab_size=8192, eot_token=EOT))

@@ -1,5 +1,5 @@
 """Every lmforge CLI turns an operating-system error (a file where a directory belongs, a full
-disk) into one line on stderr and exit 4, the README's storage error, through the one mechanism
+disk) into one line on stderr and exit 4 (the storage error, docs/design.md), through the one mechanism
 in lmforge.common.errors (CLI_ERRORS, report_failure); a taken port is a configuration error (2).
 (Data prep's own storage errors, with a rerun after the fault: tests/dataprep/test_storage_errors.py.)
 

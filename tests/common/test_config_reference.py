@@ -1,18 +1,18 @@
-"""The generated configuration reference: README.md in sync, every field listed, --readme / --check."""
+"""The generated configuration reference, docs/configuration.md: in sync with the models, every field listed,
+the data-prep commands it names those of the stage graph, --write / --check."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from pydantic import Field
 
-from lmforge.common import config_reference as ref
 from lmforge.common.config import StrictModel
+from lmforge.tooling import config_reference as ref
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.*) \|$")
 
 
@@ -39,7 +39,7 @@ class SmallChanged(StrictModel):
 
 
 def service(model: type) -> ref.Service:
-    return ref.Service("Small", ("small",), "SMALL", f"{__name__}:{model.__name__}", "`small --set {example}`.",
+    return ref.Service("Small", ("small",), "small.md", "SMALL", model, "`small --set {example}`.",
                        "limits.depth=2")
 
 
@@ -74,22 +74,24 @@ def schema_paths(model: type) -> set[str]:
     return walk(schema, "")
 
 
-def test_readme_reference_is_in_sync():
-    result = subprocess.run([sys.executable, "-m", "lmforge.common.config_reference", "--check", "README.md"],
-                            cwd=REPO, capture_output=True, text=True, timeout=60)
+def test_configuration_page_is_in_sync():
+    result = subprocess.run([sys.executable, "-m", "lmforge.tooling.config_reference", "--check",
+                             "docs/configuration.md"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+    assert PAGE.read_text() == ref.render()
 
 
 def test_every_field_of_every_service_is_listed():
     markdown = ref.render()
-    sections = re.split(r"^### ", markdown, flags=re.M)[1:]
+    sections = re.split(r"^## ", markdown, flags=re.M)[1:]
     assert [s.split(" (", 1)[0] for s in sections] == [s.title for s in ref.SERVICES]
     for text, svc in zip(sections, ref.SERVICES, strict=True):
-        model = ref.load_model(svc.model)
+        model = svc.model
         assert set(table(text)) == schema_paths(model), svc.title
         key = svc.example.split("=", 1)[0]
         assert key in table(text), f"{svc.title}: example {svc.example} is not a field"
         assert f"`{svc.env_prefix}__{key.upper().replace('.', '__')}=" in text
+        assert f"]({svc.page})" in text and (REPO / "docs" / svc.page).is_file(), svc.page
     rows = table(markdown)
     assert rows["minhash.num_perm"] == ("`int`, ≥ 16", "`128`", "")
     assert rows["data.sources[].path"][1] == "required"
@@ -112,30 +114,48 @@ def test_a_changed_model_changes_the_output():
     assert table(after)["retries"] == ("`int`", "`2`", "")
 
 
-def test_check_fails_on_a_stale_readme_and_readme_fixes_it(tmp_path, capsys):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{ref.BEGIN}\n\nold table\n\n{ref.END}\n\nafter\n")
-    assert ref.main(["--check", str(readme)]) == 1
-    assert f"{readme} configuration reference is out of date: run `make docs`" in capsys.readouterr().err
-    assert ref.main(["--readme", str(readme)]) == 0
-    text = readme.read_text()
-    assert text.startswith(f"# x\n\n{ref.BEGIN}\n\n") and text.endswith(f"{ref.END}\n\nafter\n")
-    assert "old table" not in text and "| `minhash.num_perm` |" in text
-    assert ref.main(["--check", str(readme)]) == 0
+def test_check_fails_on_a_stale_page_and_write_fixes_it(tmp_path, capsys):
+    page = tmp_path / "configuration.md"
+    assert ref.main(["--check", str(page)]) == 1  # missing
+    page.write_text("# Configuration reference\n\nold table\n")
+    page.chmod(0o640)
+    assert ref.main(["--check", str(page)]) == 1
+    assert f"{page} configuration reference is out of date: run `make docs`" in capsys.readouterr().err
+    assert ref.main(["--write", str(page)]) == 0
+    assert "configuration reference updated" in capsys.readouterr().out
+    text = page.read_text()
+    assert text == ref.render() and "old table" not in text and "| `minhash.num_perm` |" in text
+    assert page.stat().st_mode & 0o777 == 0o640  # the file's own mode kept
+    assert ref.main(["--check", str(page)]) == 0
+    assert ref.main(["--write", str(page)]) == 0
+    assert "up to date" in capsys.readouterr().out
     # Stale in one default only.
-    readme.write_text(text.replace("| `minhash.num_perm` | `int`, ≥ 16 | `128` |", "| `minhash.num_perm` | "
-                                   "`int`, ≥ 16 | `256` |"))
-    assert ref.main(["--check", str(readme)]) == 1
+    page.write_text(text.replace("| `minhash.num_perm` | `int`, ≥ 16 | `128` |", "| `minhash.num_perm` | "
+                                 "`int`, ≥ 16 | `256` |"))
+    assert ref.main(["--check", str(page)]) == 1
 
 
-@pytest.mark.parametrize("text", ["# no markers\n", f"only {ref.BEGIN}\n", f"{ref.END}\n{ref.BEGIN}\n"])
-def test_readme_without_markers_is_refused_and_left_unchanged(tmp_path, capsys, text):
-    readme = tmp_path / "README.md"
-    readme.write_text(text)
-    assert ref.main(["--readme", str(readme)]) != 0
-    assert "config-reference:begin" in capsys.readouterr().err
-    assert readme.read_text() == text
-    assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no temp file left behind
+def test_a_page_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    (tmp_path / "docs").write_text("a file where the folder should be\n")
+    assert ref.main(["--write", str(tmp_path / "docs" / "configuration.md")]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("python -m lmforge.tooling.config_reference: error:") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs"]
+    assert (tmp_path / "docs").read_text() == "a file where the folder should be\n"
+
+
+def test_dataprep_commands_are_the_stage_graphs():
+    from lmforge.dataprep.cli import build_cli
+    from lmforge.dataprep.stages import GLOBAL_STAGES
+
+    commands = ref.dataprep_config_commands()
+    assert commands == ("run", *(s.name for s in GLOBAL_STAGES), "finalize")
+    assert f"`lmforge-dataprep {'|'.join(commands)}` take `--config FILE`" in ref.render()
+    parser = build_cli().parser
+    for command in commands:  # each is a command of lmforge-dataprep that takes the config
+        args = parser.parse_args([command, "--output", "out", "--config", "dataprep.yaml",
+                                  *(["--input", "in.warc.wet.gz"] if command == "run" else [])])
+        assert (args.command, args.config) == (command, "dataprep.yaml")
 
 
 def test_print_without_flags(capsys):

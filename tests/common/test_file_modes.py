@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmforge.common.model import GPT, GPTConfig
-from lmforge.common.model_package import write_package
 from lmforge.common.storage import LocalStore, atomic_open, atomic_path, atomic_write_bytes
 from lmforge.demo.summary import write_summary
+from lmforge.model.config import GPTConfig
+from lmforge.model.package import write_package
+from lmforge.model.transformer import GPT
 from lmforge.sample_data.wet import write_sample_wet
 from lmforge.trainer.checkpoint import COMMIT_MARKER, Checkpointer, step_dir
 from lmforge.trainer.metrics_file import MetricsFile

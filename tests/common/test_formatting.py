@@ -1,4 +1,4 @@
-"""How the HTML pages write numbers, sizes, shares and durations (lmforge.common.formatting, the
+"""How the HTML pages write numbers, sizes, shares and durations (lmforge.pages.formatting, the
 templates' filters): the forms the data-prep report, the training report and the dashboards page
 show, and what malformed input (None, NaN, text) becomes."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from lmforge.common.chart_axes import tick_digits
-from lmforge.common.formatting import byte_size, count, duration, number, percent, short_duration, si
+from lmforge.pages.chart_axes import tick_digits
+from lmforge.pages.formatting import byte_size, count, duration, number, percent, short_duration, si
 
 
 def test_counts():

@@ -23,10 +23,12 @@ from transformers import (
 )
 
 from lmforge.common.errors import ConfigError
-from lmforge.common.hf_package import write_hf_package
-from lmforge.common.model import GPT, GPTConfig, PagedKVCache
-from lmforge.common.model_package import load_package, verify_package
-from lmforge.common.paged_attention import ScheduledChunk, build_paged_batch
+from lmforge.model.config import GPTConfig
+from lmforge.model.hf_package import write_hf_package
+from lmforge.model.kv_cache import PagedKVCache
+from lmforge.model.package import load_package, verify_package
+from lmforge.model.paged_attention import ScheduledChunk, build_paged_batch
+from lmforge.model.transformer import GPT
 from tests.serving import EOT, train_tokenizer
 
 VOCAB = 320

@@ -1,4 +1,4 @@
-"""The HTML pages drawn from templates (lmforge.common.html_pages): the data-prep report, the
+"""The HTML pages drawn from templates (lmforge.pages.html_pages): the data-prep report, the
 training report and the dashboards page each load nothing from anywhere when opened, and every
 chart says what its axes measure. The two reports are opened by a real browser: headless
 Chromium screenshots each, and the screenshot shows the page's header and charts, not a blank."""

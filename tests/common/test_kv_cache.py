@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.common.model import GPT, GPTConfig, PagedKVCache
-from lmforge.common.paged_attention import ScheduledChunk, build_paged_batch
+from lmforge.model.config import GPTConfig
+from lmforge.model.kv_cache import PagedKVCache
+from lmforge.model.paged_attention import ScheduledChunk, build_paged_batch
+from lmforge.model.transformer import GPT
 
 SHAPE = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 97, "context_length": 32}
 LLAMA = {"norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 2, "qk_norm": True, "multiple_of": 32,

@@ -9,16 +9,9 @@ import torch
 
 from lmforge.common.config import load_config
 from lmforge.common.errors import ConfigError
-from lmforge.common.model import (
-    GPT,
-    GPTConfig,
-    apply_rope,
-    flops_per_token,
-    fuse_qkv,
-    parameter_counts,
-    rope_frequencies,
-    rope_tables,
-)
+from lmforge.model.config import GPTConfig
+from lmforge.model.rope import apply_rope, rope_frequencies, rope_tables
+from lmforge.model.transformer import GPT, flops_per_token, fuse_qkv, parameter_counts
 
 TINY = {"vocab_size": 97, "context_length": 32, "n_layer": 2, "n_head": 2, "n_embd": 32}
 LLAMA_TINY = {**TINY, "n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "swiglu", "multiple_of": 16,
@@ -230,7 +223,7 @@ def test_every_variant_round_trips_through_the_serving_package(tmp_path, variant
     """An untied head is stored (a tied one is not stored twice); the loaded model computes the same."""
     from safetensors import safe_open
 
-    from lmforge.common.model_package import load_package, write_package
+    from lmforge.model.package import load_package, write_package
 
     model = GPT(GPTConfig(**VARIANTS[variant])).eval()
     (tmp_path / "tokenizer.json").write_text("{}")

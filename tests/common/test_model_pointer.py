@@ -10,9 +10,9 @@ import shutil
 import pytest
 
 from lmforge.common.errors import InputError
-from lmforge.common.model import GPT, GPTConfig
-from lmforge.common.model_package import load_package, verify_package, write_package
-from lmforge.common.model_pointer import (
+from lmforge.model.config import GPTConfig
+from lmforge.model.package import load_package, verify_package, write_package
+from lmforge.model.pointer import (
     HISTORY,
     ModelPointer,
     point_to,
@@ -21,6 +21,7 @@ from lmforge.common.model_pointer import (
     rollback,
     write_pointer,
 )
+from lmforge.model.transformer import GPT
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from lmforge.common.moe import MoE, MoEConfig, plan_dispatch, update_router_biases
+from lmforge.model.moe import MoE, MoEConfig, plan_dispatch, update_router_biases
 
 DIM, HIDDEN = 8, 16
 

@@ -15,19 +15,23 @@ import yaml
 from pydantic import BaseModel, Field
 from pydantic_core import to_jsonable_python
 
-from lmforge.common import values_schema
+from lmforge.canary.config import CanaryConfig
 from lmforge.common.config import StrictModel
-from lmforge.common.config_reference import load_model
+from lmforge.dataprep.config import DataprepConfig
+from lmforge.inference.config import ServeConfig
+from lmforge.tooling import values_schema
+from lmforge.trainer.config import TrainConfig
+from lmforge.uploader.config import UploaderConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "helm" / "lmforge" / "values.schema.json"
 VALUES = REPO / "helm" / "lmforge" / "values.yaml"
 SECTIONS = {  # where each service's config sits in the chart's values
-    ("dataprep", "config"): "lmforge.dataprep.config:DataprepConfig",
-    ("training", "config"): "lmforge.trainer.config:TrainConfig",
-    ("training", "uploader", "config"): "lmforge.uploader.config:UploaderConfig",
-    ("inference", "config"): "lmforge.inference.config:ServeConfig",
-    ("canary", "config"): "lmforge.canary.config:CanaryConfig",
+    ("dataprep", "config"): DataprepConfig,
+    ("training", "config"): TrainConfig,
+    ("training", "uploader", "config"): UploaderConfig,
+    ("inference", "config"): ServeConfig,
+    ("canary", "config"): CanaryConfig,
 }
 
 
@@ -71,7 +75,7 @@ def keywords(node: Any) -> set[str]:
 
 
 def test_checked_in_schema_is_current():
-    result = subprocess.run([sys.executable, "-m", "lmforge.common.values_schema", "--check", str(SCHEMA)],
+    result = subprocess.run([sys.executable, "-m", "lmforge.tooling.values_schema", "--check", str(SCHEMA)],
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr  # stale after a model or chart_values change: `make docs`
 
@@ -96,7 +100,7 @@ def test_schema_is_self_contained_draft07_and_accepts_the_chart_defaults(schema)
 
 
 def test_a_service_schema_inlines_sections_keeps_defaults_and_refuses_extras():
-    small = values_schema.service_schema(f"{__name__}:Small")
+    small = values_schema.service_schema(Small)
     props = small["properties"]
     assert small["additionalProperties"] is False and small["required"] == ["required"]
     inner = props["inner"]
@@ -134,7 +138,7 @@ def _assert_matches(model: type[BaseModel], node: dict, where: str) -> None:
 @pytest.mark.parametrize("path", sorted(SECTIONS), ids=".".join)
 def test_each_service_config_section_is_its_models_schema(schema, path):
     node = section(schema, path)
-    _assert_matches(load_model(SECTIONS[path]), node, ".".join(path))
+    _assert_matches(SECTIONS[path], node, ".".join(path))
     assert node["description"]  # the chart's words about the section
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings
 
 

@@ -17,7 +17,7 @@ from lmforge.dataprep.worker import process_input
 from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.wet_records import english, wet_record
 
-# the per-input stage alone, outside a run: nothing for "auto" to be chosen from (runner.open_run)
+# the per-input stage alone, outside a run: nothing for "auto" to be chosen from (stage_runs.open_run)
 FIXED_PARTITIONS = {"partitions_per_band": 1, "combine_partitions": 1}
 RECORD_BYTES = 50 << 20  # one line, as the record: ~180 kB gzipped
 LINE = b"All work and no play makes Jack a dull boy, and the garden is wet again today. "

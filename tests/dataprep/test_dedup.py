@@ -214,7 +214,7 @@ def _dedup_corpus(base) -> list[str]:
 
 
 def _prepare(root, paths, config, only=None) -> list:
-    """The per-input stage; `config` gets the counts the run chose, as runner.open_run gives them."""
+    """The per-input stage; `config` gets the counts the run chose, as stage_runs.open_run gives them."""
     store = LocalStore(root)
     config.minhash = write_minhash_config(store, config.minhash)
     return [process_input(store, config, uri, i) for i, uri in enumerate(paths) if only is None or i in only]

@@ -133,7 +133,7 @@ def no_proxies_no_waiting(monkeypatch):
     for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setattr(fetch, "BACKOFF_BASE_S", 0.0)
+    monkeypatch.setattr(fetch, "FETCH_RETRY", fetch.FETCH_RETRY.model_copy(update={"backoff_seconds": 0.0}))
 
 
 @contextlib.contextmanager
@@ -266,7 +266,7 @@ def test_complete_partial_file_answered_with_416_is_kept(server, crawl_files, tm
 
 
 def test_server_errors_are_retried_with_backoff(server, crawl_files, tmp_path, monkeypatch):
-    monkeypatch.setattr(fetch, "BACKOFF_BASE_S", 0.05)
+    monkeypatch.setattr(fetch, "FETCH_RETRY", fetch.FETCH_RETRY.model_copy(update={"backoff_seconds": 0.05}))
     monkeypatch.setattr(random, "uniform", lambda low, high: high)  # each jittered wait: the top of its window
     server.failures = [503, 500, 502]
     log = RecordingLog()
@@ -282,7 +282,7 @@ def test_persistent_server_errors_give_up_after_bounded_attempts(server, tmp_pat
     server.failures = [503] * 20
     with pytest.raises(InputError, match=r"after 5 attempts.*HTTP 503"):
         fetch_crawl(CRAWL, 1, tmp_path, base_url=server.base_url, log=RecordingLog())
-    assert len(server.requests) == fetch.MAX_ATTEMPTS
+    assert len(server.requests) == fetch.FETCH_RETRY.attempts
 
 
 def test_missing_listing_is_an_input_error_naming_the_url(server, tmp_path):
@@ -393,6 +393,14 @@ def test_fetch_from_s3(commoncrawl_bucket, crawl_files, tmp_path):
 def test_missing_s3_object_is_an_input_error_naming_it(commoncrawl_bucket, tmp_path):
     with pytest.raises(InputError, match=re.escape(f"s3://commoncrawl/{MISSING}")):
         fetch_crawl(CRAWL, 3, tmp_path, base_url="s3://commoncrawl", log=RecordingLog())
+
+
+def test_a_missing_bucket_is_not_found_at_once_not_retried(commoncrawl_bucket, tmp_path):
+    """The store's error mapping: NoSuchBucket means not found (an InputError), not a transfer to try again."""
+    log = RecordingLog()
+    with pytest.raises(InputError, match=re.escape(f"not found: s3://lmf-no-such-bucket/crawl-data/{CRAWL}/")):
+        fetch_crawl(CRAWL, 1, tmp_path, base_url="s3://lmf-no-such-bucket", log=log)
+    assert "fetch_retry" not in log.names() and not list(tmp_path.iterdir())
 
 
 def test_kind_warc_fetches_the_warc_listing_and_files_through_the_cli(tmp_path):

@@ -48,7 +48,7 @@ def test_worker_pushes_its_counters_to_a_pushgateway(tmp_path):
         gateway = f"127.0.0.1:{server.server_port}"
         unreadable = "http://127.0.0.1:9/missing.warc.wet.gz"  # (a missing local path is refused up front)
         assert run_cli("run", "--input", *inputs, unreadable, "--output", tmp_path / "out", "--worker-index", 0,
-                       "--num-workers", 2, "--pushgateway", gateway, "--set", "reader.open_retries=1") == 0
+                       "--num-workers", 2, "--pushgateway", gateway, "--set", "reader.open_attempts=1") == 0
     finally:
         server.shutdown()
     assert len(pushes) == 1

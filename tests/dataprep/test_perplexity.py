@@ -170,7 +170,7 @@ def test_missing_library_is_a_one_line_config_error(arpa, monkeypatch):
     with pytest.raises(ConfigError, match=r"package 'kenlm' \(pip install 'lmforge-dataprep\[kenlm\]'\)"):
         step(arpa)
     monkeypatch.setitem(sys.modules, "torch", None)
-    with pytest.raises(ConfigError, match=r"pip install 'lmforge-dataprep\[lmforge-model\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'lmforge-dataprep\[model\]'"):
         step(arpa, backend="lmforge")
 
 
@@ -232,8 +232,9 @@ def package(tmp_path_factory):
     is checked against the model itself, so it need not have learned anything."""
     import torch
 
-    from lmforge.common.model import GPT, GPTConfig
-    from lmforge.common.model_package import write_package
+    from lmforge.model.config import GPTConfig
+    from lmforge.model.package import write_package
+    from lmforge.model.transformer import GPT
     from tests.serving import CONFIG, train_tokenizer
 
     tmp = tmp_path_factory.mktemp("package")
@@ -249,7 +250,7 @@ def _direct_perplexity(package, text: str, max_tokens: int) -> float:
     import torch
     from tokenizers import Tokenizer
 
-    from lmforge.common.model_package import load_package
+    from lmforge.model.package import load_package
 
     model, _ = load_package(package)
     tokenizer = Tokenizer.from_file(str(package / "tokenizer.json"))

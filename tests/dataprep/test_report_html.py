@@ -11,11 +11,11 @@ from html.parser import HTMLParser
 
 import pytest
 
-from lmforge.common.formatting import byte_size, si
 from lmforge.common.storage import LocalStore
 from lmforge.dataprep.report import redact_uri, shown_config
 from lmforge.dataprep.report_html import render_report_html
 from lmforge.dataprep.timings import PHASES, union_seconds
+from lmforge.pages.formatting import byte_size, si
 from lmforge.sample_data.wet import write_sample_wet
 from tests.dataprep.helpers import run_cli
 from tests.dataprep.wet_records import gz_member, wet_record
@@ -537,7 +537,7 @@ def moved_run(tmp_path_factory):
     for seed in (0, 1):
         write_sample_wet(staging / "wet" / f"part-{seed}.warc.wet.gz", 120, seed)
     small = ["--set", "tokenizer.vocab_size=512", "--set", "shards.shard_tokens=20000",
-             "--set", "reader.open_retries=1"]
+             "--set", "reader.open_attempts=1"]
     started = time.perf_counter()
     for index in (0, 1):
         assert run_cli("run", "--input", str(staging / "wet" / "*.warc.wet.gz"), SECRET_INPUT,
@@ -641,7 +641,7 @@ def test_markup_from_the_crawl_is_written_as_text_in_a_real_run(tmp_path):
     with wet.open("ab") as fh:
         fh.write(gz_member(wet_record(f"https://evil.example/{MARKUP}{ATTRIBUTE_BREAK}", body)))
     unreadable = f"http://127.0.0.1:9/crawl/{MARKUP}{ATTRIBUTE_BREAK}.warc.wet.gz"
-    small = [arg for setting in ("tokenizer.vocab_size=300", "reader.open_retries=1") for arg in ("--set", setting)]
+    small = [arg for setting in ("tokenizer.vocab_size=300", "reader.open_attempts=1") for arg in ("--set", setting)]
     assert run_cli("run", "--input", str(wet), unreadable, "--output", tmp_path / "out", "--workers", 1, *small) == 0
     page = (tmp_path / "out" / "report.html").read_text()
     checker = parse(page)

@@ -19,7 +19,7 @@ from lmforge.dataprep.document import Document, make_doc_id
 from lmforge.dataprep.parquet_io import ArrowRowWriter
 from lmforge.dataprep.report import write_report
 from lmforge.dataprep.report_tasks import FULL_ROWS, MAX_ERROR_ROWS, NOTABLE, BoundedSample, TaskSummary
-from lmforge.dataprep.runner import Run
+from lmforge.dataprep.run import Run
 from lmforge.dataprep.shard_writer import partitions, write_manifest
 from lmforge.dataprep.stats import StepStats
 from lmforge.dataprep.tokenize import TOKEN_INDEX_SCHEMA

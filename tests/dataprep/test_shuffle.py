@@ -30,7 +30,7 @@ from lmforge.dataprep.dedup_global import (
 )
 from lmforge.dataprep.dedup_keys import COALESCE_GAP_BYTES, MAX_READ_BYTES, encode_keys, signature_reads
 from lmforge.dataprep.minhash import verify_threshold
-from lmforge.dataprep.runner import open_run
+from lmforge.dataprep.stage_runs import open_run
 
 
 class CountingStore(LocalStore):

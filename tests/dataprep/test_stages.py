@@ -1,4 +1,4 @@
-"""The stage graph is declared once (lmforge.dataprep.stages): the runner, the CLI, the timings and
+"""The stage graph is declared once (lmforge.dataprep.stages): the stage runs, the CLI, the timings and
 the config are built from it or agree with it. The chart, the plain-manifest example and the KFP
 pipeline are checked against it in tests/deploy and tests/pipelines."""
 
@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from lmforge.dataprep import runner, stages, timings
+from lmforge.dataprep import stage_runs, stages, timings
 from lmforge.dataprep.cli import CLI
 from lmforge.dataprep.config import ComponentsConfig
 
@@ -19,7 +19,7 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_the_runner_has_one_function_per_declared_stage_in_order():
-    assert list(runner.STAGE_RUNS) == list(stages.NAMES)
+    assert list(stage_runs.STAGE_RUNS) == list(stages.NAMES)
     assert stages.NAMES[0] == "inputs" and stages.STAGES[0].kind == stages.WORKERS
     assert [s.name for s in stages.GLOBAL_STAGES] == list(stages.NAMES[1:])
 

@@ -9,7 +9,7 @@ from lmforge.common.config import dump_config
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.config import DataprepConfig, load_dataprep_config
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import chain
+from lmforge.dataprep.step_base import chain
 from lmforge.dataprep.step_registry import BUILTIN_STEPS, DEFAULT_PIPELINE, step_class
 from lmforge.dataprep.steps.langid import LanguageFilter
 from lmforge.dataprep.worker import build_filter_steps

@@ -1,4 +1,4 @@
-"""Storage errors in data prep: one line on stderr, exit 4 (README), nothing already written lost,
+"""Storage errors in data prep: one line on stderr, exit 4 (docs/design.md, Conventions), nothing already written lost,
 and a rerun after the fault writes the same bytes as a run that never failed.
 
 The full disk is real, made without root: the child process runs under RLIMIT_FSIZE (a write

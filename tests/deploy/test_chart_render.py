@@ -610,7 +610,7 @@ def test_dataprep_rounds_follow_the_recorded_config_and_every_stage_needs_settin
 def test_chart_stage_list_is_the_declared_one():
     """helm/lmforge/dataprep-stages.json is lmforge.dataprep.stages' (make docs writes it), and the
     values have one settings entry per stage, of the stage's kind."""
-    from lmforge.common.chart_values import DataprepIndexedStage, DataprepStages
+    from lmforge.tooling.chart_values import DataprepIndexedStage, DataprepStages
 
     assert (CHART / "dataprep-stages.json").read_text() == chart_json()
     hints = typing.get_type_hints(DataprepStages)  # Required[Annotated[...]] → the section type

@@ -38,7 +38,7 @@ from lmforge.demo.config import load_demo_config
 from lmforge.demo.dashboards import dashboard_queries, load_dashboards, query_panels, requires_of
 from lmforge.demo.platform import LocalPlatform
 from lmforge.demo.prometheus import query
-from lmforge.demo.steps.storage import s3_env
+from lmforge.demo.stages.storage import s3_env
 from lmforge.trainer.metrics_file import by_attempt, read_records
 from tests.canary.helpers import run_canary
 from tests.observability.page_charts import read_page
@@ -171,7 +171,7 @@ def test_the_served_model_is_a_hugging_face_directory_transformers_loads(demo):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmforge.common.model_package import load_package
+    from lmforge.model.package import load_package
 
     platform, _ = demo
     model_dir = platform.workdir / "model"

@@ -164,8 +164,8 @@ def train_run(build, data_run, compiled, store, tmp_path_factory):
 
 
 def test_train_pipeline_steps_run_in_the_trainer_image(train_run, compiled, store, tmp_path, monkeypatch):
-    from lmforge.common.model_package import fetch_package, load_package
-    from lmforge.common.model_pointer import read_pointer
+    from lmforge.model.package import fetch_package, load_package
+    from lmforge.model.pointer import read_pointer
     from tests.s3_server import s3_env
 
     runner, outputs, runs = train_run

@@ -44,7 +44,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 def chat_package(tiny_package, tmp_path_factory):
     """The tiny model's package with a Hugging Face tokenizer_config.json carrying a chat template
     (as an exported model's tokenizer may): AutoTokenizer loads the directory too."""
-    from lmforge.common.hf_tokenizer import DEFAULT_EOS, tokenizer_config
+    from lmforge.model.hf_tokenizer import DEFAULT_EOS, tokenizer_config
 
     package = tmp_path_factory.mktemp("models") / "tiny-chat"
     shutil.copytree(tiny_package, package)

@@ -3,9 +3,10 @@ prefill chunks only, with no row to sample (found by bench/serve/engine_bench.py
 
 import torch
 
-from lmforge.common.model import GPT, GPTConfig
 from lmforge.inference.engine import Engine
 from lmforge.inference.sampling import SamplingParams
+from lmforge.model.config import GPTConfig
+from lmforge.model.transformer import GPT
 
 
 def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_then_decoded():

@@ -10,8 +10,8 @@ import json
 import httpx
 import torch
 
-from lmforge.common.model_package import load_package
 from lmforge.inference.text import Codec
+from lmforge.model.package import load_package
 from tests.serving import SENTENCES
 
 

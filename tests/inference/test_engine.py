@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.common.model import GPT, GPTConfig, PagedKVCache
 from lmforge.inference.engine import Engine, QueueFull
 from lmforge.inference.sampling import SamplingParams
+from lmforge.model.config import GPTConfig
+from lmforge.model.kv_cache import PagedKVCache
+from lmforge.model.transformer import GPT
 
 # Untied embeddings: a small random model with tied ones only repeats its last token, whatever
 # attention computes, so greedy equality with the oracle would prove nothing.

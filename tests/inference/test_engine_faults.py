@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from lmforge.common.logging import JsonLineFormatter
-from lmforge.common.model import GPT, GPTConfig
 from lmforge.inference import model_runner
 from lmforge.inference.config import ServeConfig
 from lmforge.inference.engine import Engine
 from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.service import InferenceService
+from lmforge.model.config import GPTConfig
+from lmforge.model.transformer import GPT
 from tests.serving import in_process_server
 
 BAD_SEED = 666  # the request whose sampling raises
@@ -145,17 +146,17 @@ def test_a_request_whose_sampling_fails_gets_an_error_while_the_others_stream_on
     with in_process_server(service) as url:
         expected = [stream(url, prompt, seed) for prompt, seed in OTHERS]
         assert all(text and finish in ("length", "stop") and error is None for text, finish, error in expected)
-        runner = service.model.runner
+        engine_thread = service.model.engine_thread
         # The others wait in their first sampling until the faulty request is queued: they share its step.
         others_queued, bad_queued = threading.Semaphore(0), threading.Event()
-        real_submit = runner.submit
+        real_submit = engine_thread.submit
 
         def submit(prompt, params, request_id=None):
             handle = real_submit(prompt, params, request_id)
             (bad_queued.set if params.seed == BAD_SEED else others_queued.release)()
             return handle
 
-        monkeypatch.setattr(runner, "submit", submit)
+        monkeypatch.setattr(engine_thread, "submit", submit)
         batches = fault_sampling_of(BAD_SEED, monkeypatch)
         real_sample = model_runner.sample_batch
 
@@ -185,7 +186,7 @@ def test_a_request_whose_sampling_fails_gets_an_error_while_the_others_stream_on
 
         assert httpx.get(f"{url}/readyz").status_code == 200 and httpx.get(f"{url}/healthz").status_code == 200
         assert stream(url, *OTHERS[0]) == expected[0]  # and it serves later requests
-        assert runner.counts() == (0, 0) and runner.engine.blocks.num_used == 0
+        assert engine_thread.counts() == (0, 0) and engine_thread.engine.blocks.num_used == 0
 
 
 def test_an_engine_thread_death_fails_healthz_and_is_logged_once_with_its_traceback(service, monkeypatch, logged):
@@ -195,7 +196,7 @@ def test_an_engine_thread_death_fails_healthz_and_is_logged_once_with_its_traceb
         def schedule():
             raise RuntimeError("injected scheduler fault")
 
-        monkeypatch.setattr(service.model.runner.engine.scheduler, "schedule", schedule)
+        monkeypatch.setattr(service.model.engine_thread.engine.scheduler, "schedule", schedule)
         assert httpx.post(f"{url}/v1/completions", json={"prompt": "The", "max_tokens": 3}).status_code == 503
         health = httpx.get(f"{url}/healthz")
         assert health.status_code == 503 and "injected scheduler fault" in health.json()["reason"]

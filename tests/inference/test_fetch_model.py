@@ -14,10 +14,11 @@ import sys
 import pytest
 import torch
 
-from lmforge.common.hf_package import write_hf_package
-from lmforge.common.model import GPT, GPTConfig
-from lmforge.common.model_package import write_package
-from lmforge.common.model_pointer import point_to
+from lmforge.model.config import GPTConfig
+from lmforge.model.hf_package import write_hf_package
+from lmforge.model.package import write_package
+from lmforge.model.pointer import point_to
+from lmforge.model.transformer import GPT
 from tests.serving import CONFIG, corrupted_copy, train_tokenizer, upload_package
 
 BUCKET = "fetch"

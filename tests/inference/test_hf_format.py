@@ -9,11 +9,11 @@ import torch
 from starlette.testclient import TestClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lmforge.common.hf_package import write_hf_package
-from lmforge.common.model_package import load_package
 from lmforge.inference.api import create_app
 from lmforge.inference.config import ServeConfig
 from lmforge.inference.service import InferenceService
+from lmforge.model.hf_package import write_hf_package
+from lmforge.model.package import load_package
 
 PROMPTS = {"Bees make": " honey from the nectar of flowers.", "The capital of France": " is Paris"}
 

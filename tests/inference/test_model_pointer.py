@@ -13,7 +13,7 @@ from datetime import datetime
 import httpx
 import pytest
 
-from lmforge.common.model_pointer import ModelPointer, point_to, write_pointer
+from lmforge.model.pointer import ModelPointer, point_to, write_pointer
 from tests.inference.metrics_text import sample_value
 from tests.serving import corrupted_copy, perturbed_package, running_server, upload_package
 

@@ -7,14 +7,16 @@ neutral fields, models.retrieve, logit_bias, any 64-bit seed, up to 20 chat top_
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-from lmforge.common.model_package import load_package
 from lmforge.inference.text import Codec
+from lmforge.model.package import load_package
 from tests.serving import running_server
 
 KEY = "sk-test-key"  # noqa: S105 - a test server's key
@@ -180,6 +182,45 @@ def test_chat_uses_the_packages_template_whole_and_streamed(client, chat_package
     by_parts = api.chat.completions.create(model="tiny-chat", messages=parts, max_tokens=12, temperature=0)
     assert by_parts.usage.prompt_tokens == chat.usage.prompt_tokens - len(Codec(
         chat_package / "tokenizer.json").encode("system: Be brief.\n"))
+
+
+def test_chat_json_on_the_wire_has_openais_fields_in_openais_order(client):
+    """The raw bodies, not the client's lenient parse: every field present (null when unset) and
+    in order, a delta with only the fields it sets, and the logprob entries with their bytes."""
+    _, url = client
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "Bees make"}], "max_tokens": 3,
+            "temperature": 0}
+    top = ["token", "logprob", "bytes"]
+
+    plain = httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body, timeout=30).json()
+    assert list(plain) == ["id", "object", "created", "model", "choices", "usage"]
+    (choice,) = plain["choices"]
+    assert list(choice) == ["index", "message", "logprobs", "finish_reason"] and choice["logprobs"] is None
+    assert list(choice["message"]) == ["role", "content"] and choice["message"]["role"] == "assistant"
+    assert list(plain["usage"]) == ["prompt_tokens", "completion_tokens", "total_tokens"]
+    scored = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={**body, "logprobs": True,
+                                                                             "top_logprobs": 2}, timeout=30).json()
+    entries = scored["choices"][0]["logprobs"]["content"]
+    assert len(entries) == 3 and all(list(e) == [*top, "top_logprobs"] for e in entries)
+    assert all(e["bytes"] == list(e["token"].encode()) and [list(t) for t in e["top_logprobs"]] == [top, top]
+               for e in entries)
+
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", headers=headers, json=stream, timeout=30) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    *chunks, usage = [json.loads(e) for e in events[:-1]]
+    assert all(list(c) == ["id", "object", "created", "model", "choices", "usage"] for c in [*chunks, usage])
+    assert all(c["usage"] is None and list(c["choices"][0]) == ["index", "delta", "logprobs", "finish_reason"]
+               for c in chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert all(list(d) == ["content"] and d["content"] for d in deltas[1:-1])
+    assert set(deltas[-1]) <= {"content"}  # the last: its finish reason, with the text that came with it if any
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    assert "".join(d.get("content", "") for d in deltas) == choice["message"]["content"]
+    assert usage["choices"] == [] and usage["usage"] == plain["usage"]
 
 
 def test_errors_surface_as_the_clients_exceptions(client, chat_package):

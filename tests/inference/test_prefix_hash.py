@@ -10,12 +10,13 @@ import struct
 
 import torch
 
-from lmforge.common.model import GPT, GPTConfig
 from lmforge.inference.block_manager import BlockManager
 from lmforge.inference.engine import Engine
 from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.scheduler import Scheduler
 from lmforge.inference.sequence import Sequence
+from lmforge.model.config import GPTConfig
+from lmforge.model.transformer import GPT
 
 BLOCK = 4
 COLLIDES_WITH_0 = 2**61 - 1  # hash(2**61 - 1) == hash(0): ints hash modulo the Mersenne prime 2**61 - 1

@@ -15,10 +15,10 @@ import subprocess
 
 import pytest
 
-from lmforge.common.model_package import load_package
 from lmforge.common.shards import open_shard, read_doc_ends
+from lmforge.model.package import load_package
 from lmforge.sample_data.inputs import write_sample_inputs
-from lmforge_pipelines import steps
+from lmforge_pipelines import component_bodies as bodies
 from lmforge_pipelines.launcher import newest_remote_step
 from tests.shard_listing import local_shards
 
@@ -49,7 +49,7 @@ def kfp_local(tmp_path_factory):
 def data_run(kfp_local):
     from lmforge_pipelines.data_pipeline import build_data_pipeline, split_stage_tasks
 
-    write_sample_inputs(kfp_local / "data" / steps.WET_DIR, 2, 150)  # where the fetch step takes them
+    write_sample_inputs(kfp_local / "data" / bodies.WET_DIR, 2, 150)  # where the fetch step takes them
     task = build_data_pipeline(ROUNDS)(crawl="sample", shards=2, workers=2, languages="en",
                                        output=str(kfp_local / "data"), stage_tasks=split_stage_tasks(2),
                                        processes_per_task=1, dataprep_config=DATAPREP_CONFIG)
@@ -134,18 +134,18 @@ def test_object_store_path_of_the_train_steps(data_run, s3, tmp_path):
             client.upload_file(str(path), "pipelines-e2e", f"datasets/small/{rel}")
     data = "s3://pipelines-e2e/datasets/small"
     # Train on the s3:// data (as the pods do), then let the uploader publish the checkpoints.
-    result = steps.train(run="s3run", data=data, model_preset="tiny", steps=3, nodes=1, gpus_per_node=0,
+    result = bodies.train(run="s3run", data=data, model_preset="tiny", steps=3, nodes=1, gpus_per_node=0,
                          parallel_mode="none", train_config=TRAIN_CONFIG, launcher="local",
                          checkpoint_store=str(tmp_path / "runs"), timeout_hours=0.1)
     assert result.step == 2
-    uploader = [steps.cli("lmforge-uploader"), "watch", "--dir",
+    uploader = [bodies.cli("lmforge-uploader"), "watch", "--dir",
                 f"{result.run_uri}/checkpoints", "--dest", "s3://pipelines-e2e/runs/s3run", "--exit-when-done"]
     subprocess.run(uploader, check=True, timeout=120)
     assert newest_remote_step("s3://pipelines-e2e/runs/s3run") == 2
-    model_uri = steps.export_model(run_uri="s3://pipelines-e2e/runs/s3run", step=2,
+    model_uri = bodies.export_model(run_uri="s3://pipelines-e2e/runs/s3run", step=2,
                                    models_store="s3://pipelines-e2e/models", version="s3run-step2")
     assert model_uri == "s3://pipelines-e2e/models/s3run-step2"
     keys = [o["Key"] for o in client.list_objects_v2(Bucket="pipelines-e2e", Prefix="models/")["Contents"]]
     assert sorted(keys) == [f"models/s3run-step2/{n}" for n in ("config.json", "model.safetensors", "tokenizer.json")]
-    result = steps.evaluate(model_uri=model_uri, data=data, max_sequences=8)
+    result = bodies.evaluate(model_uri=model_uri, data=data, max_sequences=8)
     assert math.isfinite(result["val_loss"]) and result["step"] == 2 and result["val_sequences"] == 8

@@ -13,8 +13,9 @@ import json
 import pytest
 from kubernetes.client import ApiClient
 
-from lmforge.common.model_pointer import point_to, read_pointer
-from lmforge_pipelines import rollout, steps
+from lmforge.model.pointer import point_to, read_pointer
+from lmforge_pipelines import component_bodies as bodies
+from lmforge_pipelines import rollout
 from lmforge_pipelines.rollout import (
     CanaryFailed,
     Cluster,
@@ -162,14 +163,14 @@ def test_rollout_step_gates_on_val_loss_and_without_kubernetes_writes_only_the_p
     good, _, corrupt = packages
     pointer = str(tmp_path / "models" / "current")
     common = dict(model_pointer=pointer, namespace="ml", deployment="lmforge-inference", launcher="local")
-    with pytest.raises(steps.StepError, match="max_val_loss"):
-        steps.rollout(model_uri=str(good), val_loss=3.5, max_val_loss=3.0, **common)
+    with pytest.raises(bodies.StepError, match="max_val_loss"):
+        bodies.rollout(model_uri=str(good), val_loss=3.5, max_val_loss=3.0, **common)
     assert read_pointer(pointer) is None
-    message = steps.rollout(model_uri=str(good), val_loss=1.0, set_by="run 1", **common)
+    message = bodies.rollout(model_uri=str(good), val_loss=1.0, set_by="run 1", **common)
     assert "no inference Deployment" in message
     assert (read_pointer(pointer).model, read_pointer(pointer).set_by) == (str(good), "run 1")
-    with pytest.raises(steps.StepError, match="sha256 does not match"):
-        steps.rollout(model_uri=str(corrupt), val_loss=1.0, **common)
+    with pytest.raises(bodies.StepError, match="sha256 does not match"):
+        bodies.rollout(model_uri=str(corrupt), val_loss=1.0, **common)
     assert read_pointer(pointer).model == str(good)
 
 
@@ -188,6 +189,25 @@ def test_the_rollout_command_sets_shows_and_rolls_back(packages, tmp_path, capsy
     assert json.loads(capsys.readouterr().out)["model"] == str(good)
     assert rollout.main(["rollback", pointer]) == 1
     assert "no previous model to roll back to" in capsys.readouterr().err
+
+
+def test_the_rollout_command_fails_in_one_line_with_the_exit_code_of_every_lmforge_cli(packages, tmp_path, capsys):
+    good, _, _ = packages
+    pointer = tmp_path / "current"
+    assert rollout.main(["show", str(pointer)]) == 1
+    assert capsys.readouterr().err == f"rollout show: error: {pointer}: no model pointer there\n"
+    pointer.write_text("not json")
+    assert rollout.main(["show", str(pointer)]) == 3  # an InputError
+    err = capsys.readouterr().err
+    assert err.startswith(f"rollout show: error: {pointer}: not a model pointer") and err.count("\n") == 1
+    (tmp_path / "a-file").write_text("")
+    blocked = tmp_path / "a-file" / "current"
+    assert rollout.main(["set", str(blocked), str(good)]) == 4  # an OSError, as a StorageError
+    err = capsys.readouterr().err
+    assert err.startswith("rollout set: error: storage error: ") and err.count("\n") == 1
+    with pytest.raises(SystemExit) as usage:
+        rollout.main(["set", str(pointer)])  # no package
+    assert usage.value.code == 2 and "the following arguments are required: package" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- Kubernetes, faked

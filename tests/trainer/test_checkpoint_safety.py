@@ -17,8 +17,8 @@ import torch
 
 from lmforge.common.checkpoint_layout import BAD_MARKER, committed_steps, step_dir
 from lmforge.common.logging import JsonLineFormatter, get_logger
-from lmforge.common.model import GPT
-from lmforge.common.model_package import load_package
+from lmforge.model.package import load_package
+from lmforge.model.transformer import GPT
 from lmforge.trainer.checkpoint import Checkpointer, NoLoadableCheckpointError, load_latest
 from lmforge.trainer.checkpoint_reader import METADATA_FILE, read_metadata
 from lmforge.trainer.cli import main as cli

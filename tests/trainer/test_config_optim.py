@@ -3,7 +3,8 @@ import math
 import pytest
 
 from lmforge.common.errors import ConfigError
-from lmforge.common.model import GPT, GPTConfig
+from lmforge.model.config import GPTConfig
+from lmforge.model.transformer import GPT
 from lmforge.trainer.__main__ import main
 from lmforge.trainer.config import OptimSection, load_train_config
 from lmforge.trainer.optim import build_optimizer, learning_rate

@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lmforge.common.model import GPT, GPTConfig
+from lmforge.common.errors import ConfigError
+from lmforge.model.config import GPTConfig
+from lmforge.model.transformer import GPT
 from lmforge.trainer.context_parallel import (
     all_reduce_gradients,
     apply_context_parallel,
@@ -102,7 +104,7 @@ def worker(out: Path) -> None:
     results = {name: context_parallel(name, dist.group.WORLD) for name in CONFIGS}
     try:
         apply_context_parallel(GPT(GPTConfig.preset("moe-debug", n_layer=1)), dist.group.WORLD)
-    except ValueError as error:
+    except ConfigError as error:
         results["moe_refusal"] = str(error)
     torch.save(results, out / f"rank{dist.get_rank()}.pt")
     dist.destroy_process_group()
@@ -154,8 +156,8 @@ def test_load_balanced_shards_and_their_inverse():
 
 
 def test_sequence_not_divisible_by_twice_cp_is_refused():
-    refusal = r"^parallel\.cp=2: the sequence length 30 is not divisible by 2·cp = 4"
-    with pytest.raises(ValueError, match=refusal) as error:
+    refusal = r"^parallel\.cp=2: data\.seq_len = 30 is not divisible by 2·cp = 4"  # the rulebook's message
+    with pytest.raises(ConfigError, match=refusal) as error:
         shard_sequence(torch.zeros(2, 30), cp=2, rank=0)
     assert "\n" not in str(error.value)
 

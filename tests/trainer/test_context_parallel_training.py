@@ -16,8 +16,8 @@ import pytest
 
 from lmforge.common.errors import ConfigError
 from lmforge.trainer.config import ParallelSection
-from lmforge.trainer.context_parallel import context_parallel_problems
-from lmforge.trainer.mesh_layout import MeshLayout, trainer_layout
+from lmforge.trainer.layout_rules import MeshLayout, context_parallel_problems
+from lmforge.trainer.mesh_layout import trainer_layout
 from tests.trainer.helpers import random_output, read_metrics
 from tests.trainer.test_parallel import STEPS, run_trainer
 from tests.trainer.test_tensor_parallel import refused_at_start
@@ -95,10 +95,10 @@ def test_the_moe_option_with_cp_is_refused_at_start_with_exit_2(tmp_path):
 
 
 def test_each_cp_ranks_tokens_must_split_over_tp():
-    assert context_parallel_problems(2, 4, 20) == [
+    assert context_parallel_problems(2, 4, 20, None) == [
         "parallel.cp=2 × tp=4: each cp rank's 10 tokens (data.seq_len / cp) are not divisible by tp = 4 "
         "(sequence parallelism splits them)"]
-    assert context_parallel_problems(2, 4, 32) == []
+    assert context_parallel_problems(2, 4, 32, None) == []
 
 
 def test_cp_runs_under_fsdp_over_dp_shard_and_cp_and_is_refused_under_ddp_or_no_wrapper():

@@ -20,16 +20,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from lmforge.common.model import GPT, GPTConfig
-from lmforge.common.moe import MoE, MoEConfig, moe_layers, update_router_biases
+from lmforge.model.config import GPTConfig
+from lmforge.model.moe import MoE, MoEConfig, moe_layers, update_router_biases
+from lmforge.model.transformer import GPT
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.expert_parallel import (
     apply_expert_parallel,
-    check_expert_parallel,
-    clip_grad_norm_expert_parallel,
+    clip_grad_norm_with_sharded_experts,
     expert_parameters,
     reduce_expert_gradients,
 )
+from lmforge.trainer.layout_rules import expert_parallel_problems
 
 DIM, HIDDEN, STEPS = 16, 32, 10
 TRAINING = ("ep2", "ep2-fsdp", "ep2-checkpointed", "ep1-dp2")
@@ -185,7 +186,7 @@ def check_training(variant: str, rank: int, ranks: int, out_dir: Path) -> dict[s
         else:
             reduce_gradients(sharded, ranks, outside_ep)
         expected_norm = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP))
-        norm = float(clip_grad_norm_expert_parallel(sharded, CLIP))
+        norm = float(clip_grad_norm_with_sharded_experts(sharded, CLIP))
         worst_norm = max(worst_norm, abs(norm - expected_norm) / expected_norm)
         clipped += expected_norm > CLIP
         mean_loss = loss.detach().clone()
@@ -340,9 +341,10 @@ def test_sharded_experts_saved_with_dcp_load_under_other_layouts(results):
 
 
 def test_experts_not_divisible_by_ep_are_refused_naming_the_axis():
-    with pytest.raises(ValueError, match=r"^parallel\.ep=3 does not divide the model's num_experts=4"):
-        check_expert_parallel(4, 3)
-    check_expert_parallel(4, 2)
+    """What apply_expert_parallel asks the rulebook for each MoE layer before it shards anything."""
+    assert expert_parallel_problems(3, 4, None) == [
+        "parallel.ep=3 does not divide the model's num_experts=4: each ep rank holds num_experts/ep experts"]
+    assert expert_parallel_problems(2, 4, None) == []
 
 
 if __name__ == "__main__":

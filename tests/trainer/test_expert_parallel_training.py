@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.common.model_package import load_package
+from lmforge.model.package import load_package
 from lmforge.trainer.checkpoint import step_dir
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.data import ShardSource

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmforge.common.errors import InputError
-from lmforge.common.model_package import load_package
+from lmforge.model.package import load_package
 from lmforge.trainer.cli import main as cli
 from lmforge.trainer.export import export
 from tests.trainer.helpers import random_output

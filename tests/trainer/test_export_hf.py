@@ -16,8 +16,8 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
 from lmforge.common.errors import ConfigError
-from lmforge.common.model import GPT
-from lmforge.common.model_package import load_package
+from lmforge.model.package import load_package
+from lmforge.model.transformer import GPT
 from lmforge.sample_data.token_shards import write_output
 from lmforge.trainer.cli import main as cli
 from tests.serving import train_tokenizer

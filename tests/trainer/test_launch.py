@@ -100,7 +100,7 @@ def test_a_missing_data_path_exits_3_through_the_launcher(tmp_path):
     launcher = launch(f"data.sources=[{{path: {missing}}}]", f"run_dir={run_dir}",
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, stderr = launcher.communicate(timeout=180)
-    assert launcher.returncode == 3, stderr[-3000:]  # the README's "unusable input", torchrun's is 1
+    assert launcher.returncode == 3, stderr[-3000:]  # exit 3, "unusable input" (docs/trainer.md), torchrun's is 1
     errors = [line for line in stderr.splitlines() if ": error: " in line]
     rank_error = f"lmforge trainer: error: data source {missing}: no such directory"
     assert set(errors[:-1]) == {rank_error}, errors  # each rank's one line

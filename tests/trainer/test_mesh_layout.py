@@ -78,7 +78,6 @@ def test_the_issue_18_axes_resolve_with_the_fill_and_ep_borrowing_from_dp_shard(
             4,
             "cannot fill the world size 4: dp_replicate=3 (dp_replicate is hsdp's replicate_degree)",
         ),
-        ({"dp_shard": 4, "ep": 8}, 4, "parallel.ep=8 must divide dp_shard × cp = 4 at world size 4"),
         ({"dp_shard": 3, "pp": -1, "pp_microbatches": 4}, 3, "pp fills to 1 at world size 3"),
     ],
 )
@@ -86,6 +85,27 @@ def test_a_layout_that_does_not_fit_the_world_size_names_the_axis_and_the_world_
     with pytest.raises(ConfigError) as refused:
         resolve_layout(ParallelSection(**parallel), world_size)
     assert message in str(refused.value)
+
+
+def test_what_the_rulebook_refuses_without_the_model_is_refused_with_the_layout():
+    """ep borrows dp_shard's ranks, tp and pp refuse DDP, a pipeline's schedule needs its micro-batches."""
+    cases = [
+        ({"dp_shard": 4, "ep": 8}, 4, "parallel.ep=8 must divide dp_shard=4: the trainer's ep groups are dp_shard"),
+        ({"dp_replicate": 2, "pp": 2}, 4, "parallel.pp=2 with DDP (dp_replicate=2)"),
+        ({"dp_shard": 2, "pp": 2, "pp_microbatches": 1}, 4, "parallel.pp_microbatches: 1 micro-batches cannot fill"),
+        ({"dp_shard": 2, "pp": 2, "compile": True}, 4, "parallel.pp=2 with parallel.compile"),
+    ]
+    for parallel, world_size, message in cases:
+        resolve_layout(ParallelSection(**parallel), world_size)  # the degrees fit the world size
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            trainer_layout(ParallelSection(**parallel), world_size)
+
+
+def test_the_layout_carries_the_runs_micro_batching_and_checkpointing():
+    pipeline = ParallelSection(dp_shard=-1, pp=2, pp_microbatches=8, activation_checkpointing=True)
+    assert trainer_layout(pipeline, 8, micro_batch=2, grad_accum=3) == MeshLayout(
+        dp_shard=4, pp=2, micro_batch=2, microbatches=8, activation_checkpointing=True, mode="fsdp")
+    assert trainer_layout(ParallelSection(dp_shard=-1), 8, micro_batch=2, grad_accum=3).microbatches == 3
 
 
 def test_bad_axes_are_refused_when_the_config_loads():

@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from lmforge.common.model import GPTConfig, parameter_counts
+from lmforge.model.config import GPTConfig
+from lmforge.model.transformer import parameter_counts
 from lmforge.trainer.checkpoint import step_dir
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.metrics import TrainMetrics

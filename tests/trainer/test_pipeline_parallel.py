@@ -1,4 +1,4 @@
-"""Pipeline parallelism (lmforge.trainer.pipeline) on 2 stages (torchrun, gloo, CPU, fp32) matches one
+"""Pipeline parallelism (lmforge.trainer.pipeline_parallel) on 2 stages (torchrun, gloo, CPU, fp32) matches one
 process step by step: GPipe and 1F1B over 4 micro-batches, interleaved 1F1B with 2 virtual stages
 per rank, 1F1B with gradient accumulation, and PP 2 x FSDP 2 on 4 ranks; AdamW with gradient clipping
 engaged (the global norm over both stages equals one process's), then a forward-only eval loss. Run
@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from lmforge.common.errors import ConfigError
-from lmforge.common.model import GPT, GPTConfig
-from lmforge.trainer.pipeline import bubble_fraction, chunk_layers, split_model, validate_pipeline
+from lmforge.model.config import GPTConfig
+from lmforge.model.transformer import GPT
+from lmforge.trainer.layout_rules import PIPELINE_SCHEDULES, ModelDims, pipeline_problems, refuse
+from lmforge.trainer.pipeline_parallel import SCHEDULES, bubble_fraction, chunk_layers, split_model
 
 STEPS = 12
 BATCH, SEQ = 8, 16
@@ -89,7 +91,7 @@ def pipeline_worker(schedule: str, microbatches: int, virtual_stages: int, grad_
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from lmforge.trainer.pipeline import build_pipeline, clip_grad_norm_pipeline, pipeline_eval, pipeline_step
+    from lmforge.trainer.pipeline_parallel import build_pipeline, clip_grad_norm_pipeline, pipeline_eval, pipeline_step
 
     mesh = init_device_mesh("cpu", (2, dp), mesh_dim_names=("pp", "dp_shard"))
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp_shard")
@@ -197,13 +199,18 @@ def test_chunks_in_sequence_compute_the_models_logits():
     (tiny_config(), 2, "interleaved_1f1b", 3, 2, "parallel.pp_microbatches: 3 is not a multiple of pp 2"),
 ])
 def test_layouts_the_pipeline_cannot_run_are_refused(config, pp, schedule, microbatches, virtual, message):
+    """The rulebook's refusals, as build_pipeline raises them (ConfigError, the first problem, one line)."""
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as refusal:
-        validate_pipeline(config, pp, schedule, microbatches, virtual)
+        refuse(pipeline_problems(pp, microbatches, ModelDims.of(config), schedule, virtual))
     assert "\n" not in str(refusal.value)
 
 
 def test_tied_model_runs_without_a_pipeline():
-    validate_pipeline(tiny_config(tie_embeddings=True), 1, "1f1b", 1)
+    assert pipeline_problems(1, 1, ModelDims.of(tiny_config(tie_embeddings=True)), "1f1b") == []
+
+
+def test_every_schedule_the_rulebook_allows_is_built():
+    assert set(SCHEDULES) == set(PIPELINE_SCHEDULES)
 
 
 def test_bubble_fraction():

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmforge.common.model import PRESETS, GPTConfig, flops_per_token, parameter_counts
+from lmforge.model.config import PRESETS, GPTConfig
+from lmforge.model.transformer import flops_per_token, parameter_counts
 from lmforge.trainer.planner.comm import communication
 from lmforge.trainer.planner.costs import gpu_seconds, training_flops, wall_clock_days
 from lmforge.trainer.planner.hardware import GPUS, Cluster, gpu_named

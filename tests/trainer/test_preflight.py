@@ -15,7 +15,7 @@ import torch
 from lmforge.common.config import load_config
 from lmforge.common.errors import ConfigError
 from lmforge.trainer.config import PreflightSection
-from lmforge.trainer.parallel import Dist
+from lmforge.trainer.parallelize import Dist
 from lmforge.trainer.preflight import (
     FAULT_ENV,
     PreflightConfig,

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from lmforge.common.model import PRESETS
+from lmforge.model.config import PRESETS
 from lmforge.trainer.cli import main as train_cli
 
 # GPT-2 124M/350M: the released checkpoints (Radford et al. 2019; theirs have learned positions,

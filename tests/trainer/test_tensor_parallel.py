@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from lmforge.common.model_package import load_package
+from lmforge.model.package import load_package
 from lmforge.trainer.data import ShardSource
 from lmforge.trainer.export import export
 from lmforge.trainer.sampling import GlobalSampler

@@ -54,15 +54,12 @@ def files_of(path: Path) -> dict[str, bytes]:
 
 def in_process_uploader(local: Path, dest: str, endpoint_url: str | None = None, *, start: bool = True, **config):
     """A CheckpointUploader in this process, started unless start=False (tests drive it with run_once())."""
+    from lmforge.uploader.cli import open_destination
     from lmforge.uploader.config import UploaderConfig
-    from lmforge.uploader.objectstore import open_destination
-    from lmforge.uploader.retry import RetryPolicy
     from lmforge.uploader.watcher import CheckpointUploader
 
     config = UploaderConfig.model_validate({"retry_failed_after_seconds": 0, **config})
-    retry = RetryPolicy(config.transfer.max_attempts, config.transfer.backoff_seconds,
-                        config.transfer.backoff_max_seconds)
-    uploader = CheckpointUploader(local, open_destination(dest, config.transfer, retry, endpoint_url), config)
+    uploader = CheckpointUploader(local, open_destination(dest, config.transfer, endpoint_url=endpoint_url), config)
     if start:
         uploader.start()
     return uploader

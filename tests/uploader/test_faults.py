@@ -36,7 +36,7 @@ def test_twenty_percent_failing_requests_still_deliver_every_checkpoint_intact(s
     with FaultProxy(endpoint, seed=3) as proxy:
         # Two attempts per request: some uploads may fail outright and are aborted, then retried.
         uploader = in_process_uploader(local, "s3://flaky/runs/r1", proxy.url, keep=10,
-                                       transfer={**QUICK_RETRIES, "max_attempts": 2})
+                                       transfer={**QUICK_RETRIES, "attempts": 2})
         proxy.set_faults(reset=0.07, error_500=0.06, slow_down=0.07, delay=0.1, delay_seconds=0.05)
         done: list[int] = []
         for _ in range(40):

@@ -98,7 +98,7 @@ def test_a_failed_checkpoint_is_retried_with_a_doubling_wait(s3, tmp_path):
     fake_checkpoint(local, 1, sizes=(1000,))
     with FaultProxy(endpoint) as proxy:
         uploader = in_process_uploader(local, f"s3://backoff/{DEST}", proxy.url, retry_failed_after_seconds=0.5,
-                                       retry_failed_max_seconds=1.0, transfer={"max_attempts": 1})
+                                       retry_failed_max_seconds=1.0, transfer={"attempts": 1})
         proxy.set_faults(error_500=1.0, methods={"PUT"})
 
         def attempt() -> bool:

@@ -56,7 +56,7 @@ def test_exit_when_done_waits_for_the_store_not_a_stale_marker(s3, tmp_path):
     port = int(proxy.url.rsplit(":", 1)[1])
     sidecar = subprocess.Popen(uploader_command("watch", "--dir", str(local), "--dest", "s3://stale-marker/runs/r1",
                                                 "--exit-when-done", "--endpoint-url", proxy.url,
-                                                *small_parts("--set", "transfer.max_attempts=2")),
+                                                *small_parts("--set", "transfer.attempts=2")),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 

@@ -199,7 +199,7 @@ def test_every_part_and_object_carries_a_correct_crc32c_checksum(s3, tmp_path):
             header = request.headers.get("x-amz-checksum-crc32c")
             seen.append((request.url, header.decode() if isinstance(header, bytes) else header, body))
 
-    uploader.dest.store.client.meta.events.register("before-send.s3", capture)
+    uploader.dest.objects.client.meta.events.register("before-send.s3", capture)
     assert uploader.run_once() == [2]
     uploader.close()
     parts = [s for s in seen if "partNumber=" in s[0]]

@@ -1,6 +1,6 @@
 """The pipelines' steps as KFP lightweight Python components.
 
-Each body only imports `lmforge_pipelines.steps` and calls one function: KFP ships the function's
+Each body only imports `lmforge_pipelines.component_bodies` and calls one function: KFP ships the function's
 source (not this module) to the step's container, where the image provides the rest (see
 images.py). With kfp.local's SubprocessRunner(use_venv=False) the same bodies run in this Python
 environment. `install_kfp_package=False`: the images carry kfp (a runtime `pip install` would need
@@ -21,18 +21,18 @@ from lmforge_pipelines.images import DATAPREP_IMAGE, TRAINER_IMAGE
 def fetch_wet(crawl: str, shards: int, base_url: str, output: str, input_kind: str = "wet") -> list[str]:
     """The run's input files under <output>/wet/: the crawl's first `shards` WET (or, input_kind
     "warc", WARC) files, downloaded resumably, or (crawl "sample") the first `shards` placed there beforehand."""
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
-    return steps.fetch_inputs(crawl=crawl, shards=shards, output=output, base_url=base_url, kind=input_kind)
+    return bodies.fetch_inputs(crawl=crawl, shards=shards, output=output, base_url=base_url, kind=input_kind)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
 def plan_workers(inputs: list[str], workers: int) -> list[int]:
     """Worker indices 0..workers-1 (the ParallelFor items), once the inputs are in place."""
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
     print(f"{len(inputs)} inputs, {workers} workers")
-    return steps.plan_workers(workers)
+    return bodies.plan_workers(workers)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
@@ -40,9 +40,9 @@ def prep_worker(output: str, worker_index: int, num_workers: int, languages: str
                 processes: int) -> str:
     """One data-prep worker: its share of the inputs (<output>/wet/inputs.json, which the fetch
     step wrote) through parse → filters → MinHash signatures."""
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
-    return steps.prep_worker(output=output, worker_index=worker_index, num_workers=num_workers, languages=languages,
+    return bodies.prep_worker(output=output, worker_index=worker_index, num_workers=num_workers, languages=languages,
                              dataprep_config=dataprep_config, processes=processes)
 
 
@@ -50,29 +50,29 @@ def prep_worker(output: str, worker_index: int, num_workers: int, languages: str
 def plan_tasks(stage: str, stage_tasks: dict, output: str, round: int, done: list[str]) -> list[int]:
     """Task indices 0..n-1 of a split stage (the ParallelFor items; n from `stage_tasks`), once the
     stage before it is done (`done`: its tasks' outputs, fanned in)."""
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
     print(f"{stage} (round {round}): after {done}")
-    return steps.plan_tasks(stage, stage_tasks, output=output, round=round)
+    return bodies.plan_tasks(stage, stage_tasks, output=output, round=round)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
 def stage_task(stage: str, output: str, task_index: int, stage_tasks: dict, processes: int, round: int) -> str:
     """Task `task_index` of a split data-prep stage (lmforge.dataprep.stages; stage_tasks[stage]
     tasks in all): its slice of the stage's work."""
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
-    return steps.stage_task(stage=stage, output=output, task_index=task_index,
-                            num_tasks=steps.stage_task_count(stage, stage_tasks), processes=processes, round=round)
+    return bodies.stage_task(stage=stage, output=output, task_index=task_index,
+                            num_tasks=bodies.stage_task_count(stage, stage_tasks), processes=processes, round=round)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
 def single_stage(stage: str, output: str, done: list[str]) -> str:
     """A data-prep stage that is one task (lmforge.dataprep.stages), once the stage before it is done."""
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
     print(f"{stage}: after {done}")
-    return steps.stage_task(stage=stage, output=output)
+    return bodies.stage_task(stage=stage, output=output)
 
 
 @dsl.component(base_image=DATAPREP_IMAGE, install_kfp_package=False)
@@ -83,10 +83,10 @@ def report_data(output: str, done: list[str], dataset: Output[Dataset], report: 
     report.html for the UI's visualization. Returns the data location for the train pipeline."""
     import json
 
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
     print(f"{len(done)} shard tasks done: {done}")
-    result = steps.report(output=output)
+    result = bodies.report(output=output)
     with open(report.path, "w", encoding="utf-8") as f:
         f.write(result["report_html"])
     with open(dataset.path, "w", encoding="utf-8") as f:
@@ -112,7 +112,7 @@ def train_model(run_name: str, job_id: str, data: str, model_preset: str, steps:
     when it fails."""
     from collections import namedtuple
 
-    from lmforge_pipelines import steps as s
+    from lmforge_pipelines import component_bodies as s
 
     s.install_sigterm_handler()  # a stopped pipeline run deletes its training job
     run = s.run_name(run_name, job_id)
@@ -129,9 +129,9 @@ def export_model(run: str, run_uri: str, step: int, models_store: str, model: Ou
     records where it is (the package itself is not copied into the pipeline root)."""
     import json
 
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
-    uri = steps.export_model(run_uri=run_uri, step=step, models_store=models_store, version=f"{run}-step{step}")
+    uri = bodies.export_model(run_uri=run_uri, step=step, models_store=models_store, version=f"{run}-step{step}")
     model.metadata.update({"uri": uri, "run": run, "step": step})
     with open(model.path, "w", encoding="utf-8") as f:
         json.dump({"uri": uri, "run": run, "step": step}, f)
@@ -141,9 +141,9 @@ def export_model(run: str, run_uri: str, step: int, models_store: str, model: Ou
 @dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
 def evaluate_model(model_uri: str, data: str, max_sequences: int, seq_len: int, metrics: Output[Metrics]) -> float:
     """Held-out val loss of the exported package on the data's val shards."""
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
-    result = steps.evaluate(model_uri=model_uri, data=data, max_sequences=max_sequences, seq_len=seq_len)
+    result = bodies.evaluate(model_uri=model_uri, data=data, max_sequences=max_sequences, seq_len=seq_len)
     for name, value in result.items():
         metrics.log_metric(name, value)
     print(f"evaluation of {model_uri}: {result}")
@@ -156,9 +156,9 @@ def rollout_model(model_uri: str, val_loss: float, max_val_loss: float, launcher
                   timeout_minutes: float, job_id: str) -> str:
     """Point the inference service's model pointer at the new package (refused above max_val_loss
     when > 0), wait until every replica serves it, run the canary; roll back if it fails."""
-    from lmforge_pipelines import steps
+    from lmforge_pipelines import component_bodies as bodies
 
-    return steps.rollout(model_uri=model_uri, model_pointer=model_pointer, namespace=namespace,
+    return bodies.rollout(model_uri=model_uri, model_pointer=model_pointer, namespace=namespace,
                          deployment=deployment, launcher=launcher, val_loss=val_loss, max_val_loss=max_val_loss,
                          canary_cronjob=canary_cronjob, rollback_on_canary_failure=rollback_on_canary_failure,
                          timeout_s=timeout_minutes * 60, set_by=f"lmforge-train pipeline run {job_id}")

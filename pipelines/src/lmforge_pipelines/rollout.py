@@ -14,6 +14,8 @@ one Job from the CronJob's jobTemplate, as `kubectl create job --from=cronjob/â€
     python -m lmforge_pipelines.rollout show POINTER
     python -m lmforge_pipelines.rollout set POINTER PACKAGE [--namespace NS --deployment NAME [--canary-cronjob NAME]]
     python -m lmforge_pipelines.rollout rollback POINTER [--namespace NS --deployment NAME]
+
+Each prints the pointer as it is then (JSON) on stdout, and its progress on stderr.
 """
 
 from __future__ import annotations
@@ -29,16 +31,23 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import LmforgeError
-from lmforge.common.model_package import fetch_package, verify_package
-from lmforge.common.model_pointer import ModelPointer, point_to, read_pointer, rollback
+from lmforge.model.package import fetch_package, verify_package
+from lmforge.model.pointer import ModelPointer, point_to, read_pointer, rollback
 
 CANARY_CONTAINER = "canary"
 LOG_TAIL_LINES = 40
+EXIT_CODES = """exit codes:
+  0  done; the pointer is printed
+  1  the rollout failed: the package does not verify, the replicas did not all serve it in time,
+     the canary failed, no previous package to roll back to, no pointer to show
+  3  the pointer is not a model pointer (or not a local file or s3:// object)
+  4  the pointer's store cannot be read or written"""
 
 
-class RolloutFailed(RuntimeError):
-    pass
+class RolloutFailed(LmforgeError):
+    """The rollout did not happen or was undone (exit 1)."""
 
 
 class CanaryFailed(RuntimeError):
@@ -264,13 +273,49 @@ def roll_back(pointer_uri: str, *, set_by: str, replicas: Callable[[], list[str]
 # ------------------------------------------------------------------------------ the command
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmforge_pipelines.rollout", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    show = sub.add_parser("show", help="print the pointer")
-    set_ = sub.add_parser("set", help="verify a package and point the pointer at it")
-    back = sub.add_parser("rollback", help="point the pointer back at its previous package")
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _printed(pointer: ModelPointer) -> int:
+    print(json.dumps(pointer.to_json(), indent=1))
+    return 0
+
+
+def _replicas(args: argparse.Namespace) -> Cluster | None:
+    return Cluster(args.namespace, args.deployment) if args.deployment else None
+
+
+def run_show(args: argparse.Namespace, _config: None) -> int:
+    pointer = read_pointer(args.pointer)
+    if pointer is None:
+        raise RolloutFailed(f"{args.pointer}: no model pointer there")
+    return _printed(pointer)
+
+
+def run_set(args: argparse.Namespace, _config: None) -> int:
+    cluster, timeout_s = _replicas(args), args.timeout_minutes * 60
+    canary = None
+    if cluster is not None and args.canary_cronjob:
+        def canary():
+            return cluster.run_canary(args.canary_cronjob, package=args.package, timeout_s=timeout_s)
+    return _printed(roll_out(args.pointer, args.package, set_by=args.set_by,
+                             replicas=cluster.replica_urls if cluster else None, canary=canary, timeout_s=timeout_s,
+                             log=_progress))
+
+
+def run_rollback(args: argparse.Namespace, _config: None) -> int:
+    cluster = _replicas(args)
+    return _printed(roll_back(args.pointer, set_by=args.set_by, replicas=cluster.replica_urls if cluster else None,
+                              timeout_s=args.timeout_minutes * 60, log=_progress))
+
+
+def build_cli() -> ServiceCli:
+    cli = ServiceCli("python -m lmforge_pipelines.rollout", name="rollout", service="pipelines", description=__doc__,
+                     epilog=EXIT_CODES)
+    show = cli.command("show", run_show, help="print the pointer")
+    set_ = cli.command("set", run_set, help="verify a package and point the pointer at it")
+    back = cli.command("rollback", run_rollback, help="point the pointer back at its previous package")
     for command in (show, set_, back):
         command.add_argument("pointer", help="the model pointer, e.g. s3://BUCKET/PREFIX/models/current")
     set_.add_argument("package", help="the model package, e.g. s3://BUCKET/PREFIX/models/VERSION")
@@ -281,31 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--timeout-minutes", type=float, default=30.0)
         command.add_argument("--set-by", default="python -m lmforge_pipelines.rollout", help="recorded in the pointer")
     set_.add_argument("--canary-cronjob", help="with --deployment: run a Job from this CronJob once served")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "show":
-            pointer = read_pointer(args.pointer)
-            if pointer is None:
-                raise RolloutFailed(f"{args.pointer}: no model pointer there")
-        else:
-            cluster = Cluster(args.namespace, args.deployment) if args.deployment else None
-            replicas = cluster.replica_urls if cluster else None
-            timeout_s = args.timeout_minutes * 60
-            if args.command == "set":
-                canary = None
-                if cluster is not None and args.canary_cronjob:
-                    def canary():
-                        return cluster.run_canary(args.canary_cronjob, package=args.package, timeout_s=timeout_s)
-                pointer = roll_out(args.pointer, args.package, set_by=args.set_by, replicas=replicas, canary=canary,
-                                   timeout_s=timeout_s, log=lambda line: print(line, file=sys.stderr))
-            else:
-                pointer = roll_back(args.pointer, set_by=args.set_by, replicas=replicas, timeout_s=timeout_s,
-                                    log=lambda line: print(line, file=sys.stderr))
-    except (RolloutFailed, LmforgeError) as exc:
-        print(f"rollout: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(pointer.to_json(), indent=1))
-    return 0
+    return cli
+
+
+CLI = build_cli()
+main = CLI.main
 
 
 if __name__ == "__main__":

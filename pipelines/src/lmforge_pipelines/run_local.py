@@ -46,8 +46,8 @@ def build_cli() -> ServiceCli:
 def _run(args: argparse.Namespace, _config: None) -> int:
     from kfp import local
 
+    from lmforge_pipelines.component_bodies import SAMPLE_CRAWL, WET_DIR, WET_SUFFIX
     from lmforge_pipelines.data_pipeline import build_data_pipeline, split_stage_tasks
-    from lmforge_pipelines.steps import SAMPLE_CRAWL, WET_DIR, WET_SUFFIX
 
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)  # here, not inside a pipeline task

@@ -18,7 +18,7 @@ import httpx
 from lmforge.canary.config import HttpSection
 from lmforge.common.errors import ConfigError, InputError, LmforgeError
 from lmforge.common.logging import get_logger
-from lmforge.common.retry import RetryPolicy, describe
+from lmforge.common.retry import describe
 
 API_KEY_ENV = "LMFORGE_CANARY_API_KEY"
 RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -98,9 +98,8 @@ class InferenceClient:
     def request(self, method: str, path: str, item: str | None = None, **kwargs) -> Any:
         """The JSON body of a 2xx answer; see the module docstring for the errors."""
         url = f"{self.endpoint}{path}"
-        retry = RetryPolicy(self.http.attempts, self.http.backoff_seconds, self.http.backoff_max_seconds,
-                            retryable=lambda exc: isinstance(exc, httpx.HTTPError), wait_at_least=_retry_after,
-                            log=log, event="request_retry")
+        retry = self.http.policy(retryable=lambda exc: isinstance(exc, httpx.HTTPError), wait_at_least=_retry_after,
+                                 log=log, event="request_retry")
         try:
             # httpx.HTTPError: connection refused, DNS, timeouts, broken connections, a retried status
             response = retry.call(f"{method} {url}", lambda: self._send(method, path, **kwargs), url=url)

@@ -10,6 +10,7 @@ import re
 from pydantic import Field, field_validator
 
 from lmforge.common.config import StrictModel, load_config
+from lmforge.common.retry import RetrySettings
 
 ENV_PREFIX = "LMFORGE_CANARY"
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -26,7 +27,7 @@ class ToleranceSection(StrictModel):
         None, ge=0, le=1, description="optional absolute floor, applied with or without a baseline")
 
 
-class HttpSection(StrictModel):
+class HttpSection(RetrySettings):
     connect_timeout_seconds: float = Field(5.0, gt=0)
     read_timeout_seconds: float = Field(60.0, gt=0, description="per request (a completion included)")
     attempts: int = Field(4, ge=1, description="tries per request on connection errors, 429 and 5xx")

@@ -147,7 +147,7 @@ def stored_manifest(destination: str, manifest: str, endpoint_url: str | None = 
 def _bucket(name: str, endpoint_url: str | None) -> S3Bucket:
     """One client per store for the process: making one costs far more than the HEAD."""
     return S3Bucket(name, endpoint_url, concurrency=1, connect_timeout=5.0, read_timeout=10.0,
-                    retry=RetryPolicy(attempts=3, max_seconds=2.0, log=get_logger("storage")))
+                    retry=RetryPolicy(attempts=3, backoff_max_seconds=2.0, log=get_logger("storage")))
 
 
 def mark_uploaded(step_path: Path, destination: str, manifest: str, endpoint_url: str | None = None) -> UploadRecord:

@@ -1,7 +1,9 @@
-"""The object store: one S3 bucket (any S3-compatible endpoint) with verified transfers, every
-request retried by the one retry policy (lmforge.common.retry). Every lmforge reader and writer
-of s3:// goes through it: common storage (S3Store, open_input), the checkpoint uploader and
-restore, the trainer's data sync, the model pointer, data prep's fetch.
+"""The S3 client wrapper: one bucket (any S3-compatible endpoint) by full key, with verified
+transfers, every request retried by the one retry policy (lmforge.common.retry), and what S3's
+errors mean (`s3_failure`). Every lmforge reader and writer of s3:// goes through it, most of
+them through the Store over it (lmforge.common.s3_store.S3Store: data prep's outputs, the
+checkpoint uploader and restore, the trainer's streamed data, data prep's fetch); the model
+pointer, model fetching and open_input use S3Bucket directly.
 
 Who retries what: botocore's own retries are off (total_max_attempts=1 on every client made
 here) and its HTTP layer never retries, so each request (one part, one ranged GET, one small
@@ -29,19 +31,28 @@ import hashlib
 import io
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Protocol
+from urllib.parse import urlparse
 
 import crc32c
 
-from lmforge.common.errors import StorageError
+from lmforge.common.errors import InputError, StorageError
 from lmforge.common.logging import get_logger
 from lmforge.common.retry import Cancelled, RetryPolicy, never
+from lmforge.common.store import (
+    NOT_CANCELLED,
+    AccessDenied,
+    HasIsSet,
+    ObjectMissing,
+    OpenUpload,
+    Progress,
+    StoredObject,
+)
 
 PUBLIC_ANONYMOUS_BUCKETS = frozenset({"commoncrawl"})
 MIB = 1 << 20
@@ -49,30 +60,32 @@ DEFAULT_PART_SIZE = 8 * MIB
 MAX_PARTS = 10_000  # S3's limit per multipart upload; larger files get larger parts
 TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
                              "InternalError", "ServiceUnavailable", "503", "500", "502", "504"})
-NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
-
-Progress = Callable[[int], None]
-
-
-class HasIsSet(Protocol):
-    """A cancellation flag: a threading.Event, or anything else with is_set()."""
-
-    def is_set(self) -> bool: ...
+NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})  # no such object (a HEAD or GET answers None)
+MISSING_BUCKET_CODES = frozenset({"404", "NoSuchBucket"})  # to a request about the bucket itself
+MISSING_CODES = NOT_FOUND_CODES | MISSING_BUCKET_CODES
+DENIED_CODES = frozenset({"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
 
 
-class _NeverSet:
-    def is_set(self) -> bool:
-        return False
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, uri: str) -> S3Location:
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise InputError(f"not an s3:// URI: {uri!r}")
+        return cls(parsed.netloc, parsed.path.lstrip("/"))
 
 
-NOT_CANCELLED = _NeverSet()
-
-
-def s3_client(bucket: str | None = None, endpoint_url: str | None = None, **config):
+def s3_client(bucket: str | None = None, endpoint_url: str | None = None, *,
+              credentials: Mapping[str, str] | None = None, **config):
     """A boto3 S3 client with botocore's retries off (the RetryPolicy retries). Credentials come
-    from the standard AWS chain; the endpoint from the argument or AWS_ENDPOINT_URL(_S3). Public
-    buckets are read unsigned. `config` overrides botocore Config fields (timeouts, pool size,
-    s3 options)."""
+    from the standard AWS chain, or from `credentials` (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    AWS_DEFAULT_REGION, as the environment would name them); the endpoint from the argument or
+    AWS_ENDPOINT_URL(_S3). Public buckets are read unsigned. `config` overrides botocore Config
+    fields (timeouts, pool size, s3 options)."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
@@ -80,8 +93,12 @@ def s3_client(bucket: str | None = None, endpoint_url: str | None = None, **conf
     anonymous = bucket in PUBLIC_ANONYMOUS_BUCKETS and os.environ.get("LMFORGE_S3_ANONYMOUS", "1") != "0"
     settings = {"retries": {"total_max_attempts": 1, "mode": "standard"},
                 "signature_version": UNSIGNED if anonymous else None, **config}
+    given = credentials or {}
+    keys = {"aws_access_key_id": given.get("AWS_ACCESS_KEY_ID"), "region_name": given.get("AWS_DEFAULT_REGION"),
+            "aws_secret_access_key": given.get("AWS_SECRET_ACCESS_KEY")}
     # A session per client: boto3's default session is not safe to share across threads.
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=Config(**settings))
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=Config(**settings),
+                                          **{name: value for name, value in keys.items() if value})
 
 
 def error_code(exc: BaseException) -> str:
@@ -103,15 +120,30 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def is_s3_error(exc: BaseException) -> bool:
+    """An error of a request to the store (botocore's, or a transfer S3Bucket found wrong), as
+    opposed to a local file's OSError, a cancel, or a bug."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return isinstance(exc, BotoCoreError | ClientError | StorageError)
+
+
+def s3_failure(exc: BaseException, context: str) -> StorageError | None:
+    """What a failed request means to a user: ObjectMissing (no such key or bucket), AccessDenied,
+    else a StorageError, each `context: exc`; None when `exc` is no store error (is_s3_error)."""
+    if not is_s3_error(exc):
+        return None
+    if isinstance(exc, StorageError):
+        kind = type(exc)
+    else:
+        code = error_code(exc)
+        kind = ObjectMissing if code in MISSING_CODES else AccessDenied if code in DENIED_CODES else StorageError
+    return kind(f"{context}: {exc}")
+
+
 def crc32c_b64(data) -> str:
     """S3's CRC32C checksum of `data` (hardware-accelerated: about 6x cheaper than zlib's CRC32)."""
     return base64.b64encode(crc32c.crc32c(data).to_bytes(4, "big")).decode()
-
-
-@dataclass(frozen=True)
-class StoredObject:
-    size: int
-    age_seconds: float  # since LastModified, on the store's clock
 
 
 @dataclass(frozen=True)
@@ -120,15 +152,6 @@ class ObjectHead:
 
     etag: str
     size: int
-
-
-@dataclass(frozen=True)
-class OpenUpload:
-    """An upload begun and neither completed nor aborted."""
-
-    key: str
-    upload_id: str
-    age_seconds: float  # since it was initiated, on the store's clock
 
 
 def _server_now(response: dict) -> datetime:
@@ -142,17 +165,17 @@ def _server_now(response: dict) -> datetime:
 
 class S3Bucket:
     """The objects of one bucket, by full key. `retry` defaults to the policy's defaults, logged
-    as `storage`; its predicate is replaced by is_transient."""
+    as `storage`; its predicate is replaced by is_transient. `credentials`: see s3_client."""
 
     def __init__(self, bucket: str, endpoint_url: str | None = None, *, part_size: int = DEFAULT_PART_SIZE,
                  concurrency: int = 10, connect_timeout: float = 10.0, read_timeout: float = 60.0,
-                 retry: RetryPolicy | None = None):
+                 retry: RetryPolicy | None = None, credentials: Mapping[str, str] | None = None):
         self.bucket = bucket
         self.part_size, self.concurrency = part_size, concurrency
         self.retry = retry or RetryPolicy(log=get_logger("storage"))
         # Integrity comes from the CRC32C of each part (checked by S3) and the callers' sha256:
         # hashing every byte again to sign it adds nothing.
-        self.client = s3_client(bucket, endpoint_url, max_pool_connections=concurrency + 4,
+        self.client = s3_client(bucket, endpoint_url, credentials=credentials, max_pool_connections=concurrency + 4,
                                 connect_timeout=connect_timeout, read_timeout=read_timeout,
                                 s3={"payload_signing_enabled": False})
         self._parts = ThreadPoolExecutor(concurrency, thread_name_prefix="lmforge-part")
@@ -162,6 +185,10 @@ class S3Bucket:
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
+
+    def create(self) -> None:
+        """Create the bucket (a local S3-compatible server's, for the demo)."""
+        self._call("create_bucket", lambda: self.client.create_bucket(Bucket=self.bucket))
 
     # -- reading -------------------------------------------------------------------------
 
@@ -243,7 +270,7 @@ class S3Bucket:
         column chunks it needs) fetches only that, and nothing is written to local disk."""
         size = self.size_of(key)
         if size is None:
-            raise StorageError(f"{self.url(key)}: no such object")
+            raise ObjectMissing(f"{self.url(key)}: no such object")
         return io.BufferedReader(RangeReader(self, key, size), buffer_size)
 
     def listing(self, prefix: str) -> dict[str, StoredObject]:
@@ -267,7 +294,7 @@ class S3Bucket:
         if size is None:
             size = self.size_of(key)
             if size is None:
-                raise StorageError(f"{self.url(key)}: no such object")
+                raise ObjectMissing(f"{self.url(key)}: no such object")
         part = self.part_size
         with open(target, "wb") as fh:
             fh.truncate(size)

@@ -10,7 +10,7 @@ import time
 from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import ConfigError
 from lmforge.common.logging import get_logger
-from lmforge.dataprep import runner
+from lmforge.dataprep import stage_runs
 from lmforge.dataprep.classifier_cli import add_train_classifier_options, settings_from_args, sources_from_args
 from lmforge.dataprep.config import DataprepConfig, load_dataprep_config
 from lmforge.dataprep.stages import GLOBAL_STAGES, ROUNDS, stage
@@ -47,16 +47,16 @@ def _sharding(args) -> tuple[int | None, int]:
 
 
 def _processes(args) -> int:
-    return args.workers if getattr(args, "workers", None) else runner.default_processes()
+    return args.workers if getattr(args, "workers", None) else stage_runs.default_processes()
 
 
-def _open(args, config: DataprepConfig | None) -> runner.Run:
+def _open(args, config: DataprepConfig | None) -> stage_runs.Run:
     """Workers load the config (file, env, --set); global stages (config None) reuse the one
     the workers recorded unless a config is given explicitly."""
-    return runner.open_run(args.output, config, getattr(args, "input", None), _processes(args))
+    return stage_runs.open_run(args.output, config, getattr(args, "input", None), _processes(args))
 
 
-def _push(args, run: runner.Run, worker: str, indices: list[int]) -> None:
+def _push(args, run: stage_runs.Run, worker: str, indices: list[int]) -> None:
     """Push the counters of the inputs this process was responsible for."""
     if not getattr(args, "pushgateway", None):
         return
@@ -72,14 +72,14 @@ def cmd_run(args, config: DataprepConfig) -> int:
         index, count = _sharding(args)
         if index is None:
             started = time.perf_counter()
-            report = runner.run_all(run)
+            report = stage_runs.run_all(run)
             seconds = round(time.perf_counter() - started, 2)
             log.info("run_complete", output=run.store.uri, report=report, seconds=seconds)
             sys.stderr.write(f"report: {report}\n")
             _push(args, run, "local", list(range(run.n_inputs)))
             return 0
-        indices = runner.worker_slice(run.n_inputs, index, count)
-        runner.run_inputs(run, indices)
+        indices = stage_runs.worker_slice(run.n_inputs, index, count)
+        stage_runs.run_inputs(run, indices)
         log.info("worker_complete", worker_index=index, num_workers=count)
         _push(args, run, str(index), indices)
     return 0
@@ -91,7 +91,7 @@ def cmd_stage(args, config: DataprepConfig | None) -> int:
     if index is not None and stage(args.command).kind == ROUNDS and args.round is None:
         raise ConfigError(f"a {args.command} worker runs one round's slice: give --round (one Indexed Job per round)")
     with _open(args, config) as run:
-        result = runner.run_stage(run, args.command, index, count, round=getattr(args, "round", None))
+        result = stage_runs.run_stage(run, args.command, index, count, round=getattr(args, "round", None))
         if args.command == "report":
             sys.stderr.write(f"report: {result}\n")
     return 0
@@ -99,7 +99,7 @@ def cmd_stage(args, config: DataprepConfig | None) -> int:
 
 def cmd_finalize(args, config: DataprepConfig | None) -> int:
     with _open(args, config) as run:
-        sys.stderr.write(f"report: {runner.run_global_stages(run)}\n")
+        sys.stderr.write(f"report: {stage_runs.run_global_stages(run)}\n")
     return 0
 
 

@@ -61,7 +61,7 @@ class CombineTask:
 
 def combine_tasks(config: DataprepConfig, n_inputs: int) -> list[CombineTask]:
     """Every (input group, partition range) of the run, group by group. `config` is the run's,
-    its counts resolved (runner.open_run; dedup_global.resolved_minhash_config)."""
+    its counts resolved (stage_runs.open_run; dedup_global.resolved_minhash_config)."""
     shuffle = shuffle_plan(config.minhash, n_inputs)
     ranges = [shuffle.partition_range(r) for r in range(shuffle.n_ranges)]
     return [CombineTask(g, r, inputs.start, inputs.stop, partitions.start, partitions.stop)

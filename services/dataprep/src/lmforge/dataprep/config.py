@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from lmforge.common.config import StrictModel, load_config
+from lmforge.common.retry import reject_renamed
 from lmforge.dataprep.step_registry import BUILTIN_STEPS, DEFAULT_PIPELINE, StepSettings, settings_for, step_class
 
 ENV_PREFIX = "LMFORGE_DATAPREP"
@@ -21,7 +22,7 @@ ENV_PREFIX = "LMFORGE_DATAPREP"
 
 class ReaderConfig(StrictModel):
     min_text_chars: int = Field(1, ge=0, description="records with fewer characters are dropped as empty")
-    open_retries: int = Field(3, ge=1, description="attempts to open a remote input before it counts as unreadable")
+    open_attempts: int = Field(3, ge=1, description="tries to open a remote input before it counts as unreadable")
     format: Literal["auto", "wet", "warc"] = Field(
         "auto", description="which records are documents: wet = `conversion` records (text), warc = `response` "
                             "records (HTML, main text extracted), auto = whichever each input holds")
@@ -49,6 +50,11 @@ class ReaderConfig(StrictModel):
         2 << 20, ge=1024, description="a document record (WET text, WARC HTTP response) whose block is larger than "
                                       "this is dropped as `record_too_large` without being read into memory: a "
                                       "bound on a worker's memory per record (twice Common Crawl's 1 MiB truncation)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        return reject_renamed(data, {"open_retries": "open_attempts"})
 
 
 class MinHashConfig(StrictModel):

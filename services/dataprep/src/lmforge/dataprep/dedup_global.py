@@ -135,7 +135,7 @@ def resolved_minhash_config(store: Store, config: MinHashConfig) -> MinHashConfi
         return config
     if not store.exists(layout.MINHASH_CONFIG):
         raise InputError(f"{store.join(layout.MINHASH_CONFIG)} is missing: the MinHash counts left to the run "
-                         "('auto') are chosen when it is opened with its inputs (runner.open_run)")
+                         "('auto') are chosen when it is opened with its inputs (stage_runs.open_run)")
     return write_minhash_config(store, config)
 
 

@@ -1,7 +1,7 @@
 """Executors run a phase's tasks (tasks.py), each task once, and hand every result to a
 callback as it completes. A local run uses InlineExecutor (one process) or PoolExecutor (spawned
 processes on this machine); across machines, Indexed-Job pods and KFP workers each take their
-slice of the same task list instead (runner.worker_slice), and run it with one of these."""
+slice of the same task list instead (stage_runs.worker_slice), and run it with one of these."""
 
 from __future__ import annotations
 

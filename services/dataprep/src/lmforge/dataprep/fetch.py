@@ -9,9 +9,11 @@ data.commoncrawl.org) a transfer cut short stays in `<name>.part` and the next a
 or the next run, continues it with an HTTP Range request. A file only gets its final
 name once its gzip stream reads through to the end (and its size matches Content-Length),
 so a rerun skips every finished file and downloads nothing twice. From s3:// the object
-is fetched by lmforge.common.s3 (parallel ranged GETs, each retried) into `.part`, then
-checked and renamed the same way. A failed attempt at a file is retried by the one retry
-policy (lmforge.common.retry): MAX_ATTEMPTS tries, waits of full jitter under a doubling cap.
+is downloaded by the Store over the base URL (lmforge.common.storage: parallel ranged GETs,
+each retried) into `.part`, then checked and renamed the same way; the store says what an
+error means (no such object, access denied, or worth another attempt). A failed attempt at a
+file is retried by the one retry policy (lmforge.common.retry) with FETCH_RETRY's settings:
+5 tries, waits of full jitter under a doubling cap.
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ import zlib
 from pathlib import Path, PurePosixPath
 from time import monotonic
 
-from lmforge.common.errors import InputError, StorageError
+from lmforge.common.errors import InputError
 from lmforge.common.logging import StructLogger, get_logger
-from lmforge.common.retry import RetryPolicy
-from lmforge.common.s3 import S3Bucket, error_code
-from lmforge.common.storage import HTTP_TIMEOUT_S, S3Location
+from lmforge.common.retry import RetrySettings
+from lmforge.common.storage import HTTP_TIMEOUT_S, AccessDenied, ObjectMissing, Store, open_store
 
 DEFAULT_BASE_URL = "https://data.commoncrawl.org"
 KINDS = ("wet", "warc")  # Common Crawl's listings <kind>.paths.gz; WARC files hold the HTML responses
@@ -38,9 +39,7 @@ CRAWL_ID = re.compile(r"CC-MAIN-\d{4}-\d{2}")
 USER_AGENT = "lmforge-dataprep/0.1 (fetch)"
 CHUNK_BYTES = 1 << 20
 
-MAX_ATTEMPTS = 5
-BACKOFF_BASE_S = 1.0  # waits of at most 1, 2, 4, 8 s between the 5 attempts
-BACKOFF_MAX_S = 30.0
+FETCH_RETRY = RetrySettings(attempts=5, backoff_seconds=1.0, backoff_max_seconds=30.0)  # waits of at most 1, 2, 4, 8 s
 RETRYABLE_HTTP_STATUS = frozenset({408, 425, 429})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
@@ -136,8 +135,7 @@ def _fetch_file(source, rel: str, target: Path, log: StructLogger) -> None:
     resume_from = part.stat().st_size if part.exists() else 0
     log.info("fetch_started", url=url, file=str(target), resume_from=resume_from)
     started = monotonic()
-    retry = RetryPolicy(MAX_ATTEMPTS, BACKOFF_BASE_S, BACKOFF_MAX_S, log=log, event="fetch_retry",
-                        retryable=lambda exc: isinstance(exc, _TransientError))
+    retry = FETCH_RETRY.policy(log=log, event="fetch_retry", retryable=lambda exc: isinstance(exc, _TransientError))
 
     def attempt() -> None:
         source.download(rel, part, log)
@@ -146,7 +144,7 @@ def _fetch_file(source, rel: str, target: Path, log: StructLogger) -> None:
     try:
         retry.call(f"download {url}", attempt, url=url)
     except _TransientError as exc:
-        raise InputError(f"cannot download {url} after {MAX_ATTEMPTS} attempts: {exc}") from exc
+        raise InputError(f"cannot download {url} after {FETCH_RETRY.attempts} attempts: {exc}") from exc
     os.replace(part, target)
     log.info(
         "fetch_finished",
@@ -179,7 +177,7 @@ def _source_for(base_url: str):
     if scheme in {"http", "https"}:
         return _HttpSource(base_url)
     if scheme == "s3":
-        return _S3Source(base_url)
+        return _StoreSource(base_url)
     raise InputError(f"base_url must be an http(s):// URL or an s3:// bucket, got {base_url!r}")
 
 
@@ -273,37 +271,31 @@ def _copy_body(response: http.client.HTTPResponse, part: Path, *, append: bool) 
 # ---------------------------------------------------------------- s3
 
 
-class _S3Source:
+class _StoreSource:
+    """An s3:// base URL, read through its Store (made on first use)."""
+
     def __init__(self, base_url: str):
-        location = S3Location.parse(base_url.rstrip("/") + "/")
-        self.bucket, self.prefix = location.bucket, location.key
-        self._objects: S3Bucket | None = None
+        self.base_url = base_url.rstrip("/")
+        self._store: Store | None = None
 
     @property
-    def objects(self) -> S3Bucket:
-        if self._objects is None:
-            self._objects = S3Bucket(self.bucket)
-        return self._objects
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = open_store(self.base_url)
+        return self._store
 
     def url_of(self, rel: str) -> str:
-        return f"s3://{self.bucket}/{self.prefix}{rel}"
+        return f"{self.base_url}/{rel}"
 
     def download(self, rel: str, part: Path, log: StructLogger) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        key = self.prefix + rel
         try:
-            size = self.objects.size_of(key)
-            if size is not None:
-                self.objects.download(key, part, size)
-        except ClientError as exc:
-            code = error_code(exc)
-            if code in {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}:
+            self.store.download(rel, part)
+        except Exception as exc:
+            failure = self.store.failure(exc, "download", rel)
+            if failure is None:  # not the store's: the local disk's, say
+                raise
+            if isinstance(failure, ObjectMissing):
                 raise InputError(f"not found: {self.url_of(rel)}") from exc
-            if code in {"403", "AccessDenied"}:
+            if isinstance(failure, AccessDenied):
                 raise InputError(f"access denied: {self.url_of(rel)}") from exc
             raise _TransientError(f"S3 error for {self.url_of(rel)}: {exc}") from exc
-        except (BotoCoreError, StorageError) as exc:  # StorageError: a ranged GET came back short
-            raise _TransientError(f"S3 error for {self.url_of(rel)}: {exc}") from exc
-        if size is None:
-            raise InputError(f"not found: {self.url_of(rel)}")

@@ -65,10 +65,10 @@ class LmforgeScorer:
 
     def __init__(self, model_path: str, step: str, *, batch_size: int, max_tokens: int, device: str,
                  threads: int):
-        torch = _import("torch", step, "lmforge-model")
+        torch = _import("torch", step, "model")
         from tokenizers import Tokenizer
 
-        from lmforge.common.model_package import TOKENIZER, fetch_package, load_package
+        from lmforge.model.package import TOKENIZER, fetch_package, load_package
 
         if "://" not in model_path and not os.path.isdir(model_path):
             raise ConfigError(f"steps.{step}.model_path: model package directory not found: {model_path}")

@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -33,14 +33,12 @@ from lmforge.common.storage import LocalStore, Store, local_path_of, scheme_of
 from lmforge.dataprep import layout
 from lmforge.dataprep.dedup_global import KIND_NEAR, PartitionPlan
 from lmforge.dataprep.report_tasks import TaskSummary
+from lmforge.dataprep.run import Run
 from lmforge.dataprep.shard_writer import partition_count
 from lmforge.dataprep.stats import StepStats, merge_stats
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
 from lmforge.dataprep.timings import PHASES, phase_summary, read_timings
 from lmforge.dataprep.tokenize import read_token_index
-
-if TYPE_CHECKING:
-    from lmforge.dataprep.runner import Run
 
 LENGTH_EDGES = [0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 BAD_INPUT_KINDS = ("truncated_gzip", "truncated_record", "bad_content_length", "corrupt_record", "corrupt_gzip",

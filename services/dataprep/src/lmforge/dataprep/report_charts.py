@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmforge.common.formatting import si
+from lmforge.pages.formatting import si
 
 AXIS_TITLE_HEIGHT = 20  # below the bars: what their length measures
 

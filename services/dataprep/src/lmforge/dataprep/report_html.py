@@ -3,7 +3,7 @@
 This module reads the report (tolerating missing and malformed fields) and computes what the page
 shows: the per-stage funnel, the rows of each table, the geometry of each chart
 (lmforge.dataprep.report_charts). templates/report.html lays it out on the shared layout of
-lmforge.common.html_pages: inline CSS, inline SVG and a few lines of JavaScript that make the worker
+lmforge.pages.html_pages: inline CSS, inline SVG and a few lines of JavaScript that make the worker
 table sortable. The page references nothing outside itself, so it can be opened from a laptop,
 attached to a ticket or served from a bucket as it is. The template engine HTML-escapes every
 string from the report (crawled input names, errors, eval-set names, the config).
@@ -12,14 +12,14 @@ string from the report (crawled input names, errors, eval-set names, the config)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lmforge.common.formatting import byte_size, count, duration, percent, si, to_finite
-from lmforge.common.html_pages import render
-from lmforge.common.line_chart import LegendItem
 from lmforge.dataprep.report_charts import Bar, ColumnChart, HBarChart, column_chart, hbar_chart
+from lmforge.pages.formatting import byte_size, count, duration, percent, si, to_finite
+from lmforge.pages.html_pages import render
+from lmforge.pages.line_chart import LegendItem
 
 TOP_LANGUAGES = 15
 MAX_WORKER_ROWS = 200
@@ -406,34 +406,32 @@ def _doc_length(report: Mapping[str, Any]) -> dict[str, Any]:
     return {"chart": chart, "subtitle": subtitle}
 
 
+# What a phase got through and how fast, each measure labelled: (amount key, its text, rate key, its text).
+# File bytes show when the phase read files at all (0 included); the others when non-zero.
+_MEASURES: tuple[tuple[str, Callable[[Any], str], str, Callable[[Any], str]], ...] = (
+    ("file_bytes", lambda v: f"{byte_size(v)} input files",
+     "file_mb_per_second", lambda v: f"{to_finite(v):,.1f} MB/s input files"),
+    ("text_bytes", lambda v: f"{byte_size(v)} text (uncompressed)",
+     "text_mb_per_second", lambda v: f"{to_finite(v):,.1f} MB/s text"),
+    ("docs", lambda v: f"{count(v)} docs", "docs_per_second", lambda v: f"{si(v)} docs/s"),
+    ("tokens", lambda v: f"{si(v)} tokens", "tokens_per_second", lambda v: f"{si(v)} tokens/s"),
+)
+
+
+def _measured(phase: Mapping[str, Any]) -> list[tuple[str, Callable[[Any], str], str, Callable[[Any], str]]]:
+    return [m for m in _MEASURES if (phase.get(m[0]) is not None if m[0] == "file_bytes" else _int(phase.get(m[0])))]
+
+
 def _phase_processed(phase: Mapping[str, Any]) -> str:
     """What a phase got through, each size labelled."""
-    parts = []
-    if phase.get("file_bytes") is not None:
-        parts.append(f"{byte_size(phase.get('file_bytes'))} input files")
-    if _int(phase.get("text_bytes")):
-        parts.append(f"{byte_size(phase.get('text_bytes'))} text (uncompressed)")
-    if _int(phase.get("docs")):
-        parts.append(f"{count(phase.get('docs'))} docs")
-    if _int(phase.get("tokens")):
-        parts.append(f"{si(phase.get('tokens'))} tokens")
-    return " \u00b7 ".join(parts) or "\u2014"
+    return " \u00b7 ".join(text(phase.get(key)) for key, text, _, _ in _measured(phase)) or "\u2014"
 
 
 def _phase_throughput(phase: Mapping[str, Any]) -> str:
     """Throughput over the phase's wall-clock, each rate labelled."""
     if to_finite(phase.get("wall_seconds")) <= 0:
         return "\u2014"
-    parts = []
-    if phase.get("file_bytes") is not None:
-        parts.append(f"{to_finite(phase.get('file_mb_per_second')):,.1f} MB/s input files")
-    if _int(phase.get("text_bytes")):
-        parts.append(f"{to_finite(phase.get('text_mb_per_second')):,.1f} MB/s text")
-    if _int(phase.get("docs")):
-        parts.append(f"{si(phase.get('docs_per_second'))} docs/s")
-    if _int(phase.get("tokens")):
-        parts.append(f"{si(phase.get('tokens_per_second'))} tokens/s")
-    return " \u00b7 ".join(parts) or "\u2014"
+    return " \u00b7 ".join(text(phase.get(key)) for _, _, key, text in _measured(phase)) or "\u2014"
 
 
 def _throughput(report: Mapping[str, Any], stages: list[Stage]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The data-prep stage graph, declared once: every stage, in order, and how its tasks are run.
 
 Everything that runs data prep is built from this list or checked against it (a test fails when
-one drifts): the local runner (runner.STAGE_RUNS), the CLI's stage commands (cli.py), the KFP
+one drifts): the local stage runs (stage_runs.STAGE_RUNS), the CLI's stage commands (cli.py), the KFP
 data pipeline (pipelines/…/data_pipeline.py builds a step or a ParallelFor per stage), the Helm
 chart's Jobs (helm/lmforge/dataprep-stages.json, written from here by `make docs`, which
 templates/dataprep.yaml ranges over) and the plain-manifest example
@@ -10,7 +10,7 @@ templates/dataprep.yaml ranges over) and the plain-manifest example
 A stage is one of:
 - the workers (`inputs`): an Indexed Job over the inputs (the `run` command);
 - indexed: an Indexed Job of `dataprep.stages.<name>.tasks` pods, each running its slice
-  (runner.worker_slice) of the stage's task list;
+  (stage_runs.worker_slice) of the stage's task list;
 - single: one pod;
 - rounds: an indexed stage run as one Indexed Job per round, up to `components.max_rounds`
   rounds; a round after the result stopped changing does nothing.
@@ -77,27 +77,7 @@ def stage(name: str) -> Stage:
 
 def chart_json() -> str:
     """The chart's copy of the global stages (helm/lmforge/dataprep-stages.json)."""
-    payload = {"_generated_by": "make docs (lmforge.dataprep.stages)",
+    payload = {"_generated_by": "make docs (lmforge.tooling.dataprep_stages)",
                "defaultMaxRounds": DEFAULT_MAX_ROUNDS,
                "stages": [asdict(s) for s in GLOBAL_STAGES]}
     return json.dumps(payload, indent=1) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pathlib import Path
-
-    from lmforge.common.generated_file import generated_file_main
-
-    def update(path: Path, text: str) -> bool:
-        if path.exists() and path.read_text() == text:
-            return False
-        path.write_text(text)
-        return True
-
-    return generated_file_main(argv, prog="python -m lmforge.dataprep.stages", description=__doc__,
-                               what="data-prep stage list", render=chart_json, update=update,
-                               is_current=lambda path, text: path.exists() and path.read_text() == text)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,7 +6,7 @@ nothing else, so any process can run it.
 A phase's list is built once, from the run's recorded inputs and config, in the same order
 everywhere: a local run hands the pending tasks to an executor (executor.py), and an Indexed-Job
 pod or KFP ParallelFor worker with index k of n runs tasks[i] for i in
-runner.worker_slice(len(tasks), k, n)."""
+stage_runs.worker_slice(len(tasks), k, n)."""
 
 from __future__ import annotations
 

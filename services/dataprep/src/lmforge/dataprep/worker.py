@@ -25,8 +25,8 @@ from lmforge.dataprep.dedup_keys import SIGNATURE_DTYPE, write_input_keys
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.minhash import MinHasher
 from lmforge.dataprep.parquet_io import DOC_SCHEMA, REJECT_SCHEMA, ParquetRowWriter
-from lmforge.dataprep.pipeline import BaseTransform, PipelineStep, chain
 from lmforge.dataprep.stats import PeakRss
+from lmforge.dataprep.step_base import BaseTransform, PipelineStep, chain
 from lmforge.dataprep.step_registry import build_step
 from lmforge.dataprep.steps.dedup import stable_hash64
 from lmforge.dataprep.steps.reader import WetReader

@@ -1,1 +1,1 @@
-"""lmforge on one machine: the platform's services as local processes, step by step (`make demo`)."""
+"""lmforge on one machine: the platform's services as local processes, stage by stage (`make demo`)."""

@@ -4,9 +4,9 @@ demo left running (`make demo-stop`).
     lmforge-demo run [--config demo.yaml] [--set train.steps=300] [--no-hold]
     lmforge-demo stop [--workdir demo-output]
 
-Exit codes: 0 done (after the summary, Ctrl-C ends it), 2 bad configuration, 1 a step failed
+Exit codes: 0 done (after the summary, Ctrl-C ends it), 2 bad configuration, 1 a stage failed
 (its log's tail is printed), 4 the workdir cannot be written (a file in its place, a full disk),
-130 interrupted before the summary (everything it started is stopped, no step's output is left
+130 interrupted before the summary (everything it started is stopped, no stage's output is left
 half-written)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from lmforge.demo.config import DemoConfig, load_demo_config
 from lmforge.demo.processes import StepFailed, stop_recorded
 from lmforge.demo.staging import discard_staging
 
-# What "a step failed" (exit 1) covers; any other OSError is the workdir's (storage, exit 4).
+# What "a stage failed" (exit 1) covers; any other OSError is the workdir's (storage, exit 4).
 STEP_FAILURES = (StepFailed, LmforgeError, RuntimeError, TimeoutError, FileNotFoundError)
 
 
@@ -76,7 +76,7 @@ def build_cli() -> ServiceCli:
     cli = ServiceCli("lmforge-demo", service=None, description=__doc__, load_config=load_demo_config,
                      config_help="YAML config file (lmforge.demo.config.DemoConfig)", report=_say)
     run = cli.command("run", cmd_run, config="load",
-                      help="run the seven steps, print the summary, keep the servers up until Ctrl-C")
+                      help="run the seven stages, print the summary, keep the servers up until Ctrl-C")
     run.add_argument("--no-hold", action="store_true", help="stop the servers after the summary")
     stop = cli.command("stop", cmd_stop, help="stop the processes a demo in WORKDIR left running")
     stop.add_argument("--workdir", default=DemoConfig.model_fields["workdir"].default)

@@ -29,7 +29,7 @@ class DataSection(StrictModel):
 
 
 class TrainSection(StrictModel):
-    preset: str = Field("tiny", description="model preset (lmforge.common.model presets)")
+    preset: str = Field("tiny", description="model preset (lmforge.model.transformer presets)")
     nproc: int = Field(2, ge=1, description="torchrun processes; FSDP when more than one")
     steps: int = Field(300, ge=2)
     seq_len: int = Field(128, ge=8)
@@ -65,8 +65,8 @@ class ObserveSection(StrictModel):
 
 
 class DemoConfig(StrictModel):
-    workdir: str = Field("demo-output", description="everything the demo writes; each step's directory appears "
-                                                    "only when the step is complete")
+    workdir: str = Field("demo-output", description="everything the demo writes; each stage's directory appears "
+                                                    "only when the stage is complete")
     hold: bool = Field(True, description="keep the servers up after the summary until Ctrl-C")
     data: DataSection = Field(default_factory=DataSection)
     train: TrainSection = Field(default_factory=TrainSection)

@@ -16,13 +16,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmforge.common.formatting import byte_size, number, short_duration
-from lmforge.common.html_pages import render
-from lmforge.common.line_chart import Frame, LegendItem, Line, LineChart, line_chart
 from lmforge.common.storage import atomic_write_bytes
 from lmforge.demo.dashboards import load_dashboards, panel_targets, panels, requires_of, unit_of
 from lmforge.demo.prometheus import query_range
 from lmforge.demo.stat_panel import StatStyle, StatValue, stat_values
+from lmforge.pages.formatting import byte_size, number, short_duration
+from lmforge.pages.html_pages import render
+from lmforge.pages.line_chart import Frame, LegendItem, Line, LineChart, line_chart
 
 MAX_SERIES = 24  # per panel; the rest are counted, not drawn
 FRAME = Frame(width=520, height=224, left=80, right=12, top=10, bottom=40)

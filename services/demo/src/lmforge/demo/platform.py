@@ -1,4 +1,4 @@
-"""The whole platform on one machine, step by step (the seven steps of `make demo`); every
+"""The whole platform on one machine, stage by stage (the seven stages of `make demo`); every
 service runs as its own process under a Supervisor, and stays up until close()."""
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from lmforge.common.checkpoint_layout import committed_steps, step_dir
 from lmforge.demo.config import DemoConfig
 from lmforge.demo.processes import Supervisor, free_port, stop_recorded
 from lmforge.demo.progress import Progress
-from lmforge.demo.staging import discard_staging, staged
-from lmforge.demo.steps.corpus import make_corpus
-from lmforge.demo.steps.data import read_prepared, run_data_pipeline
-from lmforge.demo.steps.observe import Monitoring, check_dashboards, start_monitoring
-from lmforge.demo.steps.serve import (
+from lmforge.demo.stages.corpus import make_corpus
+from lmforge.demo.stages.data import read_prepared, run_data_pipeline
+from lmforge.demo.stages.observe import Monitoring, check_dashboards, start_monitoring
+from lmforge.demo.stages.serve import (
     MODEL_NAME,
     complete,
     export_package,
@@ -28,8 +27,9 @@ from lmforge.demo.steps.serve import (
     start_server,
     write_eval_set,
 )
-from lmforge.demo.steps.storage import start_s3
-from lmforge.demo.steps.train import train_with_interruption
+from lmforge.demo.stages.storage import start_s3
+from lmforge.demo.stages.train import train_with_interruption
+from lmforge.demo.staging import discard_staging, staged
 from lmforge.demo.summary import render, write_summary
 
 STEPS = 7
@@ -64,7 +64,7 @@ class LocalPlatform:
             self.supervisor.stop_all()
         discard_staging(self.workdir)
 
-    # -- the steps ------------------------------------------------------------------------------
+    # -- the stages -----------------------------------------------------------------------------
 
     def _prepare_workdir(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -79,19 +79,19 @@ class LocalPlatform:
     def _setup(self) -> None:
         import torch
 
-        with self.progress.step(1, "Set-up"):
+        with self.progress.stage(1, "Set-up"):
             self.progress.note(f"Python {host.python_version()}, torch {torch.__version__}, the services installed "
                                f"in {Path(sys.executable).parent.parent} (make setup); outputs in {self.workdir}")
 
     def _corpus_and_data(self) -> dict[str, Any]:
         data = self.config.data
         with staged(self.workdir, "data") as staging:
-            with self.progress.step(2, "Corpus" + (" (generated WET files)" if data.crawl == "sample"
+            with self.progress.stage(2, "Corpus" + (" (generated WET files)" if data.crawl == "sample"
                                                    else f" ({data.crawl}, downloaded)")):
                 corpus = make_corpus(self.supervisor, data, staging / "data")
                 self.progress.note(f"{len(corpus.files)} WET files: {corpus.text_bytes / 1e6:.1f} MB of text "
                                    f"({corpus.compressed_bytes / 1e6:.1f} MB gzipped) in {self.workdir / 'data/wet'}")
-            with self.progress.step(3, f"Data pipeline through kfp.local ({data.workers} data-prep workers)"):
+            with self.progress.stage(3, f"Data pipeline through kfp.local ({data.workers} data-prep workers)"):
                 self.monitoring = start_monitoring(self.supervisor, self.config.observe, self.workdir / "observe",
                                                    self.ports)
                 self.progress.note(f"first, monitoring: Prometheus {self.monitoring.prometheus}, Pushgateway "
@@ -110,7 +110,7 @@ class LocalPlatform:
     def _train(self) -> dict[str, Any]:
         train = self.config.train
         mode = "FSDP" if train.nproc > 1 else "one process"
-        with self.progress.step(4, f"Training: {train.preset} preset, torchrun {train.nproc} processes ({mode}), "
+        with self.progress.stage(4, f"Training: {train.preset} preset, torchrun {train.nproc} processes ({mode}), "
                                    f"{train.steps} steps, the uploader sidecar beside it"):
             endpoint = start_s3(self.supervisor, self.ports["s3"], train.bucket)
             self.progress.note(f"S3 (moto) at {endpoint}, bucket {train.bucket}; attempt 1 will be killed at step "
@@ -137,7 +137,7 @@ class LocalPlatform:
 
     def _serve(self, training: dict[str, Any]) -> dict[str, Any]:
         serve = self.config.serve
-        with self.progress.step(5, "Serving: export, lmforge-serve, completions, canary"):
+        with self.progress.stage(5, "Serving: export, lmforge-serve, completions, canary"):
             checkpoints = Path(training["run_dir"]) / "checkpoints"
             final = step_dir(checkpoints, committed_steps(checkpoints)[-1])
             with staged(self.workdir, "model") as staging:
@@ -162,7 +162,7 @@ class LocalPlatform:
                                                  "eval_set": str(canary.eval_set)}}
 
     def _observe(self) -> dict[str, Any]:
-        with self.progress.step(6, "Observability: the dashboards' queries against Prometheus"):
+        with self.progress.stage(6, "Observability: the dashboards' queries against Prometheus"):
             check = check_dashboards(self.monitoring, self.config.observe,
                                      settle_seconds=2 * _seconds(self.config.observe.scrape_interval) + 1,
                                      page=self.workdir / "observe" / "dashboards.html")

@@ -1,5 +1,5 @@
-"""What the demo prints while it runs: a numbered line when a step starts, indented notes, the
-step's time when it ends."""
+"""What the demo prints while it runs: a numbered line when a stage starts, indented notes, the
+stage's time when it ends."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class Progress:
         self.started = time.monotonic()
 
     @contextlib.contextmanager
-    def step(self, number: int, title: str) -> Iterator[None]:
+    def stage(self, number: int, title: str) -> Iterator[None]:
         self.header(number, title)
         began = time.monotonic()
         yield

@@ -2,13 +2,13 @@
 picks the sequences and token counts (continuous batching, chunked prefill, paged KV blocks,
 prefix caching), the model runner computes them in one forward and samples the batch, and the
 engine appends the tokens and retires finished sequences. The API layer drives `step()` from
-one background thread (lmforge.inference.runner).
+one background thread (lmforge.inference.engine_thread).
 
 A fault in one step fails the step's requests, not the engine: a sampling that raises fails its
 own sequences (the model runner finds them), a forward that raises fails the step's sequences;
 each is logged with its request id, finished with reason "error" and its blocks released. A
 fault the engine cannot serve on (model_runner.is_fatal), or one outside a request's step (the
-scheduler's bookkeeping), is raised to the runner."""
+scheduler's bookkeeping), is raised to the engine thread."""
 
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ from collections import deque
 import torch
 
 from lmforge.common.logging import get_logger
-from lmforge.common.model import GPT, PagedKVCache
 from lmforge.inference.block_manager import BlockManager
 from lmforge.inference.model_runner import ModelRunner, is_fatal
 from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.scheduler import Scheduler
 from lmforge.inference.sequence import Sequence
 from lmforge.inference.stats import EngineStats
+from lmforge.model.kv_cache import PagedKVCache
+from lmforge.model.transformer import GPT
 
 __all__ = ["Engine", "QueueFull", "Sequence", "kv_cache_blocks"]
 
@@ -77,7 +78,7 @@ class Engine:
         self.cache = PagedKVCache(self.config, num_blocks, block_size, device=self.device, dtype=dtype)
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching, salt=f"{model_identity}\0{dtype}".encode())
         self.scheduler = Scheduler(self.blocks, max_running=max_running, max_batched_tokens=max_batched_tokens)
-        self.runner = ModelRunner(self.model, self.cache)
+        self.engine_thread = ModelRunner(self.model, self.cache)
         self.max_waiting = max_waiting
         self.eos_id = eos_id
         self._ids = itertools.count()
@@ -131,7 +132,7 @@ class Engine:
         """The log-probability of each token after the first given the ones before it."""
         if not 2 <= len(tokens) <= self.config.context_length:
             raise ValueError(f"scoring needs 2 to {self.config.context_length} tokens, got {len(tokens)}")
-        return self.runner.prompt_logprobs(tokens, 0)[0]
+        return self.engine_thread.prompt_logprobs(tokens, 0)[0]
 
     def prompt_logprobs(self, tokens: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
         """For each token after the first: its logprob given the ones before it and, with `top`,
@@ -140,7 +141,7 @@ class Engine:
             raise ValueError(f"a prompt needs 1 to {self.config.context_length} tokens, got {len(tokens)}")
         if len(tokens) == 1:
             return [], []
-        return self.runner.prompt_logprobs(tokens, top)
+        return self.engine_thread.prompt_logprobs(tokens, top)
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -153,7 +154,7 @@ class Engine:
         if not scheduled:
             return []
         try:
-            executed = self.runner.execute(scheduled)
+            executed = self.engine_thread.execute(scheduled)
         except Exception as exc:
             if is_fatal(exc):
                 raise

@@ -2,7 +2,7 @@
 s3:// or local), check that the package is in Hugging Face format (`lmforge-train export
 --format hf`) and verifies (a pointer's packages must carry their checksums, as lmforge-serve
 requires), and copy every file of it into --output. The chart's vLLM backend runs this in an
-init container, so vLLM starts on a verified local directory (README "Serving with vLLM").
+init container, so vLLM starts on a verified local directory (docs/vllm.md).
 
     python -m lmforge.inference.fetch_model --model s3://BUCKET/models/current --output /models/served
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import ConfigError, InputError
-from lmforge.common.hf_package import is_hf_config
-from lmforge.common.model_package import read_package_config, verify_package
-from lmforge.common.model_pointer import resolve_model
 from lmforge.common.s3 import S3Bucket
 from lmforge.common.storage import S3Location, atomic_dir, local_path_of, scheme_of
+from lmforge.model.hf_package import is_hf_config
+from lmforge.model.package import read_package_config, verify_package
+from lmforge.model.pointer import resolve_model
 
 SOURCE = "lmforge-source.json"  # written beside the files: which pointer and package they came from
 

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lmforge.common.model import GPT, PagedKVCache
-from lmforge.common.paged_attention import ScheduledChunk, build_paged_batch
 from lmforge.inference.sampling import Sampled, sample_batch
 from lmforge.inference.sequence import Sequence
+from lmforge.model.kv_cache import PagedKVCache
+from lmforge.model.paged_attention import ScheduledChunk, build_paged_batch
+from lmforge.model.transformer import GPT
 
 
 def is_fatal(exc: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""Following a model pointer (lmforge.common.model_pointer) while serving.
+"""Following a model pointer (lmforge.model.pointer) while serving.
 
 Every `pointer_poll_seconds` the follower re-reads the pointer. When it names another package,
 the follower downloads it, verifies it (file checksums required) and loads it beside the current
@@ -13,6 +13,9 @@ A package that fails (it does not verify, does not load, does not fit) is refuse
 not tried again until the pointer names another package; the old model serves on. A failed
 read of the pointer or of the package's files (the store unreachable) is logged and retried at
 the next poll.
+
+The follower knows the service only as `Serving` (the fields and the one method it uses), and
+the models through served_model: the service imports this module, never the reverse.
 """
 
 from __future__ import annotations
@@ -20,21 +23,39 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from typing import Protocol
 
 import torch
 
 from lmforge.common.errors import StorageError
 from lmforge.common.logging import get_logger
-from lmforge.common.model_package import download_dir
-from lmforge.common.model_pointer import read_pointer
 from lmforge.common.storage import scheme_of
-from lmforge.inference.service import InferenceService, ServedModel, load_model
+from lmforge.inference.config import ServeConfig
+from lmforge.inference.metrics import ServeMetrics
+from lmforge.inference.served_model import ServedModel, load_model
+from lmforge.model.package import download_dir
+from lmforge.model.pointer import read_pointer
 
 log = get_logger("inference")
 
 
+class Serving(Protocol):
+    """What the follower needs of the service (an InferenceService): the model it serves and how
+    to swap another in, and what loading one takes."""
+
+    config: ServeConfig
+    metrics: ServeMetrics
+    model_name: str
+    device: str
+    model: ServedModel | None
+
+    def swap_in(self, new: ServedModel) -> ServedModel:
+        """Make `new` the current model; returns the one it replaces."""
+        ...
+
+
 class PointerFollower:
-    def __init__(self, service: InferenceService):
+    def __init__(self, service: Serving):
         self.service = service
         self.pointer_uri = service.config.model
         self.poll_seconds = service.config.pointer_poll_seconds
@@ -104,7 +125,7 @@ class PointerFollower:
         led back to that package meanwhile."""
         started = time.monotonic()
         drained = old.wait_unleased(self.service.config.swap_drain_seconds)
-        old.runner.stop()
+        old.engine_thread.stop()
         with self._downloads:
             if self.service.model.package != old.package:
                 discard_download(old.package, self.service.config.cache_dir)

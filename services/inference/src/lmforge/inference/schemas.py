@@ -246,6 +246,73 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
+class TokenLogprob(BaseModel):
+    """A token's logprob in a chat answer, with the token's UTF-8 bytes (as OpenAI sends them)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChosenTokenLogprob(TokenLogprob):
+    top_logprobs: list[TokenLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChosenTokenLogprob]
+
+
+class AssistantMessage(BaseModel):
+    role: str = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+def _unset(value) -> bool:
+    return value is None
+
+
+class ChatDelta(BaseModel):
+    """What a chunk adds to a choice's message: the role first (with empty content), then content;
+    a field not set is left out of the JSON ({} for a chunk that only ends the choice)."""
+
+    role: str | None = Field(None, exclude_if=_unset)
+    content: str | None = Field(None, exclude_if=_unset)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """A streamed chat event: one choice's delta, or (the usage chunk) no choice and the usage."""
+
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
 class Score(BaseModel):
     model: str
     tokens: list[str]

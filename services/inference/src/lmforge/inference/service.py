@@ -4,34 +4,36 @@ turns one request into a stream of text deltas with metrics and spans when it en
 
 `--model` may name a model pointer instead of a package: the server then serves the package the
 pointer names and follows the pointer (model_swap). A request uses the model that was current
-when it started (`ServedModel`, held by a lease) to its end, also across a swap."""
+when it started (`ServedModel`, held by a lease) to its end, also across a swap.
+
+`Lease` and `ServedModel` live in served_model (the pointer follower uses them too) and are
+re-exported here, where the routes take them from."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from opentelemetry import trace
 
 from lmforge.common.logging import get_logger
-from lmforge.common.model_package import TOKENIZER, fetch_package, load_package
-from lmforge.common.model_pointer import resolve_model
 from lmforge.inference.config import ServeConfig
-from lmforge.inference.engine import Engine
+from lmforge.inference.engine_thread import Handle, RunnerStopped
 from lmforge.inference.metrics import ServeMetrics
-from lmforge.inference.runner import EngineRunner, Handle, RunnerStopped
+from lmforge.inference.model_swap import PointerFollower
 from lmforge.inference.sampling import SamplingParams
+from lmforge.inference.served_model import Lease as Lease  # re-exported for the routes
+from lmforge.inference.served_model import ServedModel, default_model_name, load_model
 from lmforge.inference.stats import EngineStats
-from lmforge.inference.text import Codec, TextStream
+from lmforge.inference.text import TextStream
 from lmforge.inference.tracing import MonotonicClock, record_generation_spans, tracer_provider
+from lmforge.model.pointer import resolve_model
 
 log = get_logger("inference")
 
@@ -65,94 +67,13 @@ def resolve_device(choice: str) -> str:
     return choice
 
 
-def default_model_name(uri: str) -> str:
-    return Path(uri.rstrip("/")).name or "model"
-
-
-class Lease:
-    """A request's hold on the model it started with; released once (also by a second call)."""
-
-    def __init__(self, model: ServedModel):
-        self.model, self._held = model, True
-        model._count_lease(+1)
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self.model._count_lease(-1)
-
-    def __enter__(self) -> ServedModel:
-        return self.model
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-@dataclass(eq=False)
-class ServedModel:
-    """One loaded package and the engine thread serving it."""
-
-    package: str  # the package URI it was loaded from
-    path: Path  # its local copy (a download for s3://)
-    step: int | None
-    codec: Codec
-    runner: EngineRunner
-    context_length: int
-    loaded_at: float = field(default_factory=time.time)
-    _leases: int = 0
-    _idle: threading.Condition = field(default_factory=threading.Condition)
-
-    @property
-    def version(self) -> str:
-        """The package's folder name (model_info's `version` label)."""
-        return default_model_name(self.package)
-
-    @property
-    def leases(self) -> int:
-        return self._leases
-
-    def lease(self) -> Lease:
-        return Lease(self)
-
-    def _count_lease(self, delta: int) -> None:
-        with self._idle:
-            self._leases += delta
-            if self._leases == 0:
-                self._idle.notify_all()
-
-    def wait_unleased(self, timeout: float) -> bool:
-        """Wait until no request holds the model; False if some still do after `timeout` s."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._leases == 0, timeout)
-
-
-def load_model(package: str, config: ServeConfig, device: str, *, model_name: str,
-               require_checksums: bool = False) -> ServedModel:
-    """Fetch, verify and load `package` and start its engine thread."""
-    started = time.monotonic()
-    path = fetch_package(package, config.cache_dir)
-    model, meta = load_package(path, device=device, require_checksums=require_checksums)
-    if device == "cuda":
-        model = model.to(torch.bfloat16)
-    codec = Codec(path / TOKENIZER)
-    identity = json.dumps({"package": package, "step": meta.get("step"), "files": meta.get("files")}, sort_keys=True)
-    engine = Engine(model, eos_id=codec.eos_id, model_identity=identity, **config.engine.model_dump())
-    runner = EngineRunner(engine)
-    runner.start()
-    log.info("model_loaded", model=package, model_name=model_name, step=meta.get("step"), device=device,
-             parameters=sum(p.numel() for p in model.parameters()), kv_cache_bytes=engine.cache.bytes,
-             kv_cache_blocks=engine.cache.num_blocks,
-             max_chars_per_token=codec.max_chars_per_token, seconds=round(time.monotonic() - started, 2))
-    return ServedModel(package, path, meta.get("step"), codec, runner, model.config.context_length)
-
-
 class InferenceService:
     def __init__(self, config: ServeConfig, span_exporter=None):
         self.config = config
         self.model_name = config.model_name or default_model_name(config.model)
         self.device = resolve_device(config.device)
         self.model: ServedModel | None = None  # the current model: each new request takes it
-        self.follower = None  # model_swap.PointerFollower when config.model is a pointer
+        self.follower: PointerFollower | None = None  # when config.model is a pointer
         self.load_error: BaseException | None = None
         self.metrics = ServeMetrics(self.model_name, self.device, self._counts, self._engine_stats)
         self._text_pool = ThreadPoolExecutor(TEXT_THREADS, thread_name_prefix="lmforge-text")
@@ -174,8 +95,6 @@ class InferenceService:
                                     require_checksums=pointer is not None)
             self.metrics.set_model_info(self.model.version, self.model.step)
             if pointer is not None:
-                from lmforge.inference.model_swap import PointerFollower  # it imports this module
-
                 self.follower = PointerFollower(self)
                 self.follower.start()
         except BaseException as exc:  # noqa: BLE001 - reported by /readyz; the CLI exits non-zero
@@ -197,7 +116,7 @@ class InferenceService:
         if self.follower is not None:
             self.follower.stop()
         if self.model is not None:
-            self.model.runner.stop()
+            self.model.engine_thread.stop()
         self._text_pool.shutdown(wait=False, cancel_futures=True)
         self.tracer_provider.shutdown()
 
@@ -208,25 +127,25 @@ class InferenceService:
             return f"model failed to load: {self.load_error}"
         if model is None:
             return "model loading"
-        if not model.runner.alive:
-            return f"engine stopped: {model.runner.error}"
+        if not model.engine_thread.alive:
+            return f"engine stopped: {model.engine_thread.error}"
         return None
 
     def liveness(self) -> str | None:
         """None while the process can serve (or is loading), else why not: the current model's
         engine thread broke, which only a restart mends."""
         model = self.model
-        if model is not None and model.runner.error is not None:
-            return f"engine failed: {type(model.runner.error).__name__}: {model.runner.error}"
+        if model is not None and model.engine_thread.error is not None:
+            return f"engine failed: {type(model.engine_thread.error).__name__}: {model.engine_thread.error}"
         return None
 
     def _counts(self) -> tuple[int, int] | None:
         model = self.model
-        return model.runner.counts() if model else None  # no engine yet: no value, not 0
+        return model.engine_thread.counts() if model else None  # no engine yet: no value, not 0
 
     def _engine_stats(self) -> EngineStats | None:
         model = self.model
-        return model.runner.engine.stats() if model else None
+        return model.engine_thread.engine.stats() if model else None
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -254,7 +173,7 @@ class InferenceService:
                request_id: str | None = None) -> Handle:
         """Raises QueueFull when the waiting queue is at capacity, NotReady when the engine stopped."""
         try:
-            return model.runner.submit(prompt_ids, params, request_id)
+            return model.engine_thread.submit(prompt_ids, params, request_id)
         except RunnerStopped as exc:
             raise NotReady(f"engine stopped: {exc}") from exc
 
@@ -284,13 +203,13 @@ class InferenceService:
                 raise RequestFailed(f"internal error while generating (request id {seq.request_id}); "
                                     "the server logged it")
             if reason == "error":
-                raise NotReady(f"engine stopped: {model.runner.error}")
+                raise NotReady(f"engine stopped: {model.engine_thread.error}")
             pending.finish_reason = reason
             yield pending
         finally:
             ended_at = time.monotonic()
             if not seq.finished:
-                model.runner.cancel(handle)
+                model.engine_thread.cancel(handle)
             self.metrics.observe_generation(seq, reason, ended_at, generated)
             record_generation_spans(self.tracer, span, seq, ended_at, self.clock)
             span.set_attribute("lmforge.finish_reason", reason)
@@ -307,7 +226,7 @@ class InferenceService:
     async def score(self, model: ServedModel, ids: list[int]) -> tuple[list[float], float]:
         """(logprob of each token after the first, perplexity over them)."""
         try:
-            logprobs = await model.runner.score(ids)
+            logprobs = await model.engine_thread.score(ids)
         except RunnerStopped as exc:
             raise NotReady(f"engine stopped: {exc}") from exc
         return logprobs, math.exp(-sum(logprobs) / len(logprobs))

@@ -17,7 +17,8 @@ gzip member per record for `.gz`), filled with a known mix of documents:
 
 The returned `SampleSummary` (optionally written as `<path>.truth.json`) says, per record,
 what was planted, so that the quality, dedup and PII stages can be measured against it.
-Output depends only on (docs, seed): no wall clock, no uuid4.
+Output depends only on (docs, seed): no wall clock, no uuid4. The words, phrases and templates
+come from the package's data files (vocabulary.py); the code here only combines them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lmforge.common.storage import atomic_open, atomic_write_bytes
+from lmforge.sample_data.vocabulary import FOREIGN_LANGUAGES, english, languages, web
 
 KINDS = ("prose", "foreign", "boilerplate", "spam", "pii", "exact_dup", "near_dup", "url_dup")
 KIND_WEIGHTS = {
@@ -58,35 +60,15 @@ CRAWL_NAME = "CC-MAIN-2024-22"
 BASE_DATE = _dt.datetime(2024, 5, 18, 0, 0, 0, tzinfo=_dt.UTC)
 GZIP_LEVEL = 6
 
-# ====================================================================== English vocabulary
-
-_IRREGULAR_PAST = {
-    "build": "built", "buy": "bought", "bring": "brought", "catch": "caught", "choose": "chose",
-    "cut": "cut", "dig": "dug", "draw": "drew", "eat": "ate", "feed": "fed", "find": "found",
-    "freeze": "froze", "give": "gave", "grow": "grew", "hear": "heard", "hold": "held",
-    "keep": "kept", "know": "knew", "lead": "led", "leave": "left", "lose": "lost", "make": "made",
-    "meet": "met", "pay": "paid", "put": "put", "read": "read", "ride": "rode", "run": "ran",
-    "see": "saw", "sell": "sold", "send": "sent", "set": "set", "sing": "sang", "spend": "spent",
-    "sweep": "swept", "take": "took", "teach": "taught", "tell": "told", "throw": "threw",
-    "understand": "understood", "win": "won", "write": "wrote", "light": "lit", "shake": "shook",
-}
-_DOUBLED_FINAL = {
-    "plan", "stop", "drop", "ship", "chop", "trim", "skip", "grab", "dig", "run", "win", "set",
-    "cut", "put", "shop", "map", "scan", "log", "row", "pin", "swim", "admit", "control", "tap",
-}
-_IRREGULAR_PLURAL = {
-    "child": "children", "person": "people", "leaf": "leaves", "loaf": "loaves", "knife": "knives",
-    "shelf": "shelves", "wolf": "wolves", "life": "lives", "species": "species", "sheep": "sheep",
-    "deer": "deer", "fish": "fish", "tomato": "tomatoes", "potato": "potatoes", "hero": "heroes",
-    "series": "series", "mouse": "mice",
-}
+# ====================================================================== English
 
 
 def _plural(noun: str) -> str:
     head, _, last = noun.rpartition(" ")
     prefix = head + " " if head else ""
-    if last in _IRREGULAR_PLURAL:
-        return prefix + _IRREGULAR_PLURAL[last]
+    irregular = english().irregular_plural
+    if last in irregular:
+        return prefix + irregular[last]
     if last.endswith("y") and last[-2:-1] not in "aeiou":
         return prefix + last[:-1] + "ies"
     if last.endswith(("s", "x", "z", "ch", "sh")):
@@ -103,9 +85,10 @@ def _third_person(verb: str) -> str:
 
 
 def _past(verb: str) -> str:
-    if verb in _IRREGULAR_PAST:
-        return _IRREGULAR_PAST[verb]
-    if verb in _DOUBLED_FINAL:
+    irregular = english().irregular_past
+    if verb in irregular:
+        return irregular[verb]
+    if verb in english().doubled_final:
         return verb + verb[-1] + "ed"
     if verb.endswith("e"):
         return verb + "d"
@@ -115,7 +98,7 @@ def _past(verb: str) -> str:
 
 
 def _gerund(verb: str) -> str:
-    if verb in _DOUBLED_FINAL:
+    if verb in english().doubled_final:
         return verb + verb[-1] + "ing"
     if verb.endswith("ie"):
         return verb[:-2] + "ying"
@@ -128,357 +111,68 @@ def _with_article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
-def _words(text: str) -> list[str]:
-    return [w.strip() for w in text.split(",") if w.strip()]
-
-
-@dataclass(frozen=True)
-class _Topic:
-    name: str
-    nouns: list[str]
-    mass: list[str]
-    verbs: list[str]
-    adjectives: list[str]
-
-
-_TOPICS = [
-    _Topic(
-        "gardening",
-        _words("garden, seedling, tomato, rose, hedge, greenhouse, shovel, raised bed, flower bed, vegetable patch,"
-               "apple tree, pumpkin, bulb, weed, watering can, compost heap, allotment, orchard, herb, trellis,"
-               "sunflower, beetle, wheelbarrow, potato"),
-        _words("soil, compost, mulch, rainwater, fertiliser, manure"),
-        _words("plant, water, prune, harvest, dig, sow, fertilise, transplant, cover, mulch, protect, weed"),
-        _words("leafy, fertile, sunny, overgrown, fragrant, sheltered, muddy, thriving"),
-    ),
-    _Topic(
-        "cooking",
-        _words("recipe, kitchen, pan, oven, onion, sauce, loaf, dumpling, pie, soup, knife, chopping board, spice,"
-               "carrot, lemon, garlic clove, meal, dish, stew, pancake, cookbook, dinner party"),
-        _words("flour, butter, olive oil, sugar, rice, salt"),
-        _words("bake, chop, stir, season, roast, simmer, taste, grill, slice, serve, marinate, prepare"),
-        _words("crispy, tender, savoury, spicy, golden, homemade, delicious, rich"),
-    ),
-    _Topic(
-        "local history",
-        _words("archive, castle, chapel, manuscript, census record, parish, mill, battle, monument, bridge,"
-               "railway station, town hall, merchant, letter, diary, map, photograph, ruin, tradition, guild,"
-               "coin, harbour"),
-        _words("evidence, heritage, folklore, documentation, history, land"),
-        _words("document, restore, excavate, record, catalogue, preserve, trace, uncover, study, interpret, date"),
-        _words("medieval, ancient, forgotten, historic, crumbling, Victorian, rural, remarkable"),
-    ),
-    _Topic(
-        "travel",
-        _words("train, ticket, hostel, suitcase, passport, guidebook, mountain pass, ferry, border crossing,"
-               "night bus, itinerary, village, market, beach, hiking trail, backpack, campsite, airport,"
-               "souvenir, tour, postcard, hotel"),
-        _words("luggage, scenery, currency, time, sunshine, traffic"),
-        _words("book, pack, explore, visit, cross, reach, photograph, plan, navigate, recommend, catch, board"),
-        _words("remote, crowded, scenic, affordable, overnight, coastal, unfamiliar, breathtaking"),
-    ),
-    _Topic(
-        "technology",
-        _words("server, database, laptop, program, feature, bug, update, interface, sensor, network, algorithm,"
-               "spreadsheet, keyboard, password, backup, cable, router, app, website, script, release, prototype"),
-        _words("software, hardware, data, code, memory, bandwidth"),
-        _words("install, test, update, debug, configure, deploy, measure, replace, monitor, design, upgrade,"
-               "download"),
-        _words("reliable, outdated, wireless, secure, open, efficient, portable, complex"),
-    ),
-    _Topic(
-        "personal finance",
-        _words("budget, loan, mortgage, savings account, pension, invoice, receipt, salary, expense, bill,"
-               "tax return, bank, investment, bond, share, insurance policy, fund, payment, interest rate,"
-               "debt, paycheck, account"),
-        _words("money, cash, income, inflation, credit, capital"),
-        _words("save, borrow, invest, spend, track, reduce, pay, calculate, compare, review, repay, earn"),
-        _words("monthly, annual, careful, modest, unexpected, expensive, affordable, steady"),
-    ),
-    _Topic(
-        "health",
-        _words("muscle, workout, doctor, patient, vitamin, habit, injury, knee, heart, stretch, routine, bicycle,"
-               "treadmill, nurse, clinic, symptom, step, swimming pool, yoga class, walk, diet, blood test"),
-        _words("sleep, water, protein, exercise, stress, energy"),
-        _words("stretch, strengthen, train, lift, improve, monitor, treat, prevent, reduce, avoid, measure, build"),
-        _words("healthy, tired, active, gentle, daily, strong, painful, balanced"),
-    ),
-    _Topic(
-        "astronomy",
-        _words("telescope, planet, star, comet, galaxy, moon, eclipse, meteor, satellite, observatory, orbit,"
-               "crater, nebula, lens, constellation, astronomer, rocket, sky chart, asteroid, space probe"),
-        _words("starlight, dust, gravity, radiation, darkness, space"),
-        _words("observe, photograph, track, measure, discover, launch, map, spot, calculate, study, detect, point"),
-        _words("distant, faint, bright, cosmic, lunar, icy, massive, rare"),
-    ),
-    _Topic(
-        "music",
-        _words("song, guitar, piano, choir, concert, album, melody, band, drum, violin, orchestra, record, lyric,"
-               "rehearsal, festival, chord, microphone, studio, composer, audience, tune, stage"),
-        _words("music, rhythm, harmony, jazz, noise, applause"),
-        _words("play, record, practise, compose, tune, perform, rehearse, sing, arrange, mix, hear, write"),
-        _words("loud, acoustic, classical, lively, soft, melancholic, catchy, rhythmic"),
-    ),
-    _Topic(
-        "sailing",
-        _words("boat, sail, harbour, wave, island, lighthouse, anchor, rope, crew, tide, storm, fishing net,"
-               "coastline, voyage, compass, mast, dolphin, cliff, pier, captain, current, whale"),
-        _words("seawater, wind, fog, salt, weather, driftwood"),
-        _words("sail, steer, anchor, repair, navigate, tie, cross, load, row, watch, chart, spot"),
-        _words("stormy, calm, salty, windy, rocky, northern, sheltered, deep"),
-    ),
-    _Topic(
-        "architecture",
-        _words("house, roof, wall, window, staircase, brick, beam, tower, courtyard, facade, door, balcony,"
-               "building, architect, foundation, column, arch, floor plan, apartment, warehouse, chimney, garage"),
-        _words("concrete, timber, stone, glass, steel, insulation"),
-        _words("design, build, renovate, paint, measure, insulate, demolish, repair, inspect, extend, decorate,"
-               "restore"),
-        _words("modern, tall, spacious, narrow, elegant, wooden, sturdy, bright"),
-    ),
-    _Topic(
-        "wildlife",
-        _words("bird, nest, owl, fox, hedgehog, deer, feeder, migration, river bank, wetland, sparrow, hawk,"
-               "butterfly, badger, egg, forest, meadow, heron, trail camera, species, squirrel, wolf"),
-        _words("wildlife, habitat, grass, pollen, moss, birdsong"),
-        _words("watch, count, feed, track, photograph, protect, spot, record, study, follow, attract, release"),
-        _words("wild, shy, migratory, nocturnal, colourful, rare, endangered, native"),
-    ),
-    _Topic(
-        "education",
-        _words("school, teacher, student, lesson, classroom, exam, textbook, essay, library, lecture, course,"
-               "assignment, notebook, university, professor, project, grade, curriculum, workshop, question,"
-               "semester, tutor"),
-        _words("homework, knowledge, research, feedback, mathematics, literature"),
-        _words("teach, learn, explain, grade, study, write, read, prepare, discuss, revise, present, review"),
-        _words("difficult, patient, curious, final, practical, academic, thoughtful, demanding"),
-    ),
-    _Topic(
-        "football",
-        _words("match, goal, team, player, coach, stadium, season, league, referee, ball, tournament, penalty,"
-               "supporter, pitch, trophy, training session, striker, defender, fixture, jersey, scoreboard,"
-               "victory"),
-        _words("talent, teamwork, momentum, pressure, footage, strategy"),
-        _words("win, score, train, coach, watch, defend, lose, celebrate, analyse, support, play, kick"),
-        _words("competitive, famous, exhausted, young, local, determined, narrow, dramatic"),
-    ),
-    _Topic(
-        "photography",
-        _words("camera, lens, photograph, portrait, tripod, shutter, landscape, exhibition, print, darkroom,"
-               "film roll, frame, studio, model, filter, flash, album, sunset, street scene, subject, snapshot,"
-               "gallery"),
-        _words("light, contrast, colour, film, exposure, shadow"),
-        _words("photograph, frame, print, edit, develop, capture, adjust, focus, exhibit, crop, light, compose"),
-        _words("sharp, blurry, grainy, vivid, dramatic, natural, candid, monochrome"),
-    ),
-]
-
-_GENERAL_VERBS = _words(
-    "discuss, study, describe, improve, protect, share, find, check, compare, choose, test, change, explain,"
-    "prepare, repair, measure, watch, follow, keep, build, clean, carry, move, organise, sell, buy, borrow,"
-    "notice, open, close, question, admire, ignore, mention, support, visit, collect, replace, finish, love"
-)
-_GENERAL_ADJECTIVES = _words(
-    "small, large, old, new, simple, useful, important, difficult, beautiful, quiet, busy, strange, familiar,"
-    "popular, ordinary, modest, practical, expensive, cheap, early, late, long, short, heavy, light, warm, cold,"
-    "fresh, clean, local, public, private, honest, serious, curious, obvious, gentle, steady, sudden, common,"
-    "narrow, wide, dark, clever, strong, fragile, reliable, unusual, surprising, interesting, pleasant, quick,"
-    "generous, hidden, complex, elegant, humble, lively, awkward, famous, precious, ambitious, tidy, rough"
-)
-_FIRST_NAMES = _words(
-    "Anna, Thomas, Maria, David, Sarah, James, Emma, Daniel, Laura, Michael, Olivia, Peter, Grace, Samuel,"
-    "Helen, Robert, Clara, Martin, Ruth, George, Alice, Henry, Julia, Oliver, Rachel, Edward, Nora, Lucas,"
-    "Frances, Arthur, Eleanor, Simon, Hannah, Victor, Irene, Benjamin, Margaret, Patrick, Sophie, Walter"
-)
-_SURNAMES = _words(
-    "Whitfield, Morgan, Hale, Carter, Brennan, Fischer, Lindqvist, Okafor, Moreau, Patel, Novak, Sullivan,"
-    "Ramsay, Keller, Duarte, Hughes, Bishop, Kowalski, Abbott, Fairbanks, Tanaka, Castillo, Holm, Mercer,"
-    "Quinn, Ellison, Baxter, Harlow, Reyes, Sato"
-)
-_ROLES = _words(
-    "my neighbour, the farmer, a retired teacher, our guide, the mayor, a local historian, the engineer,"
-    "my grandmother, the head chef, a visiting scientist, the shop owner, the team captain, my younger brother,"
-    "the new manager, the museum curator, a careful reader, my oldest friend, the librarian, a volunteer,"
-    "the landlord, an old sailor, the night nurse, a first-year student, the village doctor, the author,"
-    "my uncle, the bus driver, a young architect, the editor, a market trader, the park ranger, my colleague,"
-    "the photographer, a quiet musician, the baker, the postman, my sister, a seasoned traveller,"
-    "the caretaker, the treasurer"
-)
-_GROUPS = _words(
-    "most visitors, the students, local families, many beginners, the volunteers, our readers,"
-    "experienced travellers, small businesses, my parents, older residents, the neighbours, young people,"
-    "most experts, city officials, the organisers, a few friends, the critics, professionals, many parents,"
-    "the locals, first-time visitors, the researchers, our members, some teachers, the engineers,"
-    "the children, farmers in the region, most of my friends, the authors, the journalists"
-)
-_HABIT_TIMES = _words(
-    "in the early morning, every spring, on most weekends, at the start of the season, during the holidays,"
-    "after lunch, in the autumn, once a month, every other week, throughout the year, at the weekend,"
-    "on rainy days, in winter, most evenings, before sunrise, on quiet days, in the summer months,"
-    "whenever possible, each year, around noon"
-)
-_PAST_TIMES = _words(
-    "last summer, after the storm, a decade ago, by the end of the day, for several weeks, later that evening,"
-    "a few years ago, on a cold afternoon, in the end, two weeks later, at first, in those days, yesterday,"
-    "last year, the following morning, after a long delay, in the spring of that year, shortly after breakfast,"
-    "on the first day, back in the nineties, earlier this year, last weekend, that winter, once"
-)
-_CONNECTORS = _words(
-    "however, in addition, as a result, for this reason, of course, at the same time, still, meanwhile,"
-    "in practice, on the other hand, surprisingly, not surprisingly, in many cases, above all, to be fair,"
-    "in fact, for example, by contrast, even so, as expected, in short, fortunately, unfortunately,"
-    "in my experience, more importantly, honestly, oddly enough, then again, as it turns out, for most people"
-)
-_ADVERBS = _words(
-    "carefully, slowly, quietly, quickly, patiently, openly, rarely, often, gradually, easily, gently,"
-    "properly, regularly, eagerly, cautiously, deliberately, happily, reluctantly, steadily, thoroughly,"
-    "proudly, briefly, occasionally, confidently, usually, secretly, honestly, calmly, repeatedly, politely"
-)
-_PLACES = _words(
-    "near the river, in the village square, behind the old station, along the northern coast,"
-    "at the edge of town, in a small workshop, on the top floor, across the valley, in the back garden,"
-    "next to the library, outside the town hall, in the city centre, on the far side of the lake,"
-    "under the old bridge, in a rented flat, at the local market, down by the harbour,"
-    "in the community centre, on the hillside, in the school hall, at the end of the lane, in a quiet corner,"
-    "beside the main road, in the countryside, on the island, at the university, in the basement,"
-    "near the border, in the public park, at home"
-)
-_REASONS = _words(
-    "because the weather changed, because nobody had tried it before, because prices kept rising,"
-    "so that everyone could take part, because it saves time, to keep costs down, for the sake of the children,"
-    "to avoid the crowds, because the rules are unclear, in order to learn something new,"
-    "out of pure curiosity, to make the most of the light, because it is simply more fun,"
-    "for reasons nobody could explain, to prepare for the next season, because the old method no longer works,"
-    "to meet the new standards, despite the cost, without much help, with a little patience,"
-    "as a matter of habit, in spite of the rain, for the first time in years, to the surprise of many,"
-    "on the advice of a friend"
-)
-_PREPOSITIONS = _words(
-    "near, behind, beside, across from, opposite, next to, outside, in front of, not far from, around, inside,"
-    "above, below, past, beyond"
-)
-_LANDMARKS = _words(
-    "station, library, river, market, harbour, school, church, bridge, town hall, park, bakery, post office,"
-    "museum, square, lake, farm, factory, hospital, cinema, stadium, castle, hotel, forest, cottage, warehouse"
-)
-_LANDMARK_ADJECTIVES = ["", "", "old ", "new ", "small ", "quiet ", "busy ", "main ", "empty ", "famous ", "local "]
-_PURPOSES = [
-    "in order to {VB} {O}",
-    "so that {SP} could {VB} {O}",
-    "to help {SP} {VB} {O}",
-    "before {SP} could {VB} {O}",
-    "so that nobody would {VB} {O}",
-    "hoping to {VB} {O}",
-]
-_NUMBERS = _words("two, three, four, five, six, seven, ten, twelve, twenty, several, many")
-_PERCENTS = _words("five, eight, ten, twelve, fifteen, twenty, thirty, forty")
-
-_SENTENCE_TEMPLATES = [
-    "{TH}, {S} {V} {O} {PL}.",
-    "{C}, {S} {V} {O} {R}.",
-    "{S} {ADV} {VP} {O} {PL}, and {SP} {VP2} {O2} {TP}.",
-    "{P} told me that {S} {VP} {O} {R}.",
-    "{SP} often {VB} {O} {PL}, but {S} {ADV} {V} {O2}.",
-    "{C}, there is no {A} way to {VB} {O} without {VING} {O2} first.",
-    "{TP}, {SP} {VP} {O} and {VP2} {O2} {PL}.",
-    "If you want to {VB} {O}, start by {VING} {O2} {PL}.",
-    "The {A} thing about {NS} is that {SP} {VB} them {ADV}.",
-    "It is {A} to see how {S} {V} {O} {PL}.",
-    "{S} {V} {O}, which {ADV} {V2} {O2}.",
-    "{P}, who {VP} {O} {TP}, still {V} {O2} {PL}.",
-    "Most experts agree that {SP} should {VB} {O} {ADV}, especially {TH}.",
-    "What {SP} rarely mention is that {S} {V} {O} {R}.",
-    "{C}, {NS} and {NS2} are {A} {PL}.",
-    "Why does {S} {VB} {O} {PL}? The answer is {A} and {A2}.",
-    "{S} {V} {O} {ADV}; {S2} {V2} {O2} {TH}.",
-    "{TP}, we {VP} {O} {PL} and {VP2} {O2} for the first time.",
-    "There were {A} {NS} {PL}, and {SP} {VP} them {ADV}.",
-    "According to {P}, {SP} {VB} {O} more {ADV} than they used to.",
-    "{AN} {N} can {VB} {O} {PL} {R}.",
-    "We {VP} {O} {TP}, but {S} {VP2} {O2} {PL}.",
-    "Nobody expected {S} to {VB} {O} {R}.",
-    "{C}, you should {VB} {O} {ADV} and never {VB2} {O2} {PL}.",
-    "Over time, {SP} learned to {VB} {O} {ADV}.",
-    "One {A} {N} {VP} {O} {PL}, while {SP} {VP2} {O2}.",
-    "The {A} question is not whether {S} {V} {O}, but how {ADV} {S2} {V2} {O2}.",
-    "{P} {VP} {O} {TP} {R}.",
-    "Instead of {VING} {O}, {SP} {VB} {O2} {PL}.",
-    "It took {NUM} years before {SP} {VP} {O} {PL}.",
-    "{TP}, the price of {NS} rose by {PCT} percent, and {SP} {VP} {O} {R}.",
-    "{SP} who {VB} {O} {ADV} tend to {VB2} {O2} {PL}.",
-    "Few people know that {S} once {VP} {O} {PL}.",
-    "I asked {P} why {SP} {VB} {O} {PL}, and the answer was {A}.",
-    "In my view, {VING} {O} is {A} but {A2}, and {SP} {VB} it {TH}.",
-    "{S} and {S2} {VP} {O} together {TP}.",
-    "Although {S} {V} {O} {TH}, {SP} {VB} {O2} {ADV}.",
-    "{C}, it is {A} to {VB} {O} {PL} {R}.",
-    "Every {N} needs {A} care, so {SP} {VB} {O} {ADV}.",
-    "Do you remember when {S} {VP} {O} {PL}?",
-    "{P} has been {VING} {O} {PL} for {NUM} years.",
-    "As {P} likes to say, {NS} are only as {A} as the {NS2} around them.",
-    "{TH}, you can watch {SP} {VB} {O} {PL}.",
-    "The {A} {N} that {S} {VP} {TP} is still {PL}.",
-    "{S} believes that {SP} {VB} {O} {R}.",
-]
-_TITLE_TEMPLATES = [
-    "A {A} guide to {NS}",
-    "Why {NS} matter more than you think",
-    "How to {VB} {O} {PL}",
-    "What {SP} get wrong about {NS}",
-    "The {A} history of {NS}",
-    "Notes on {TOPIC}: {NS} and {NS2}",
-    "{NUM} lessons from a year of {TOPIC}",
-    "When {S} {V} {O}",
-    "In defence of {A} {NS}",
-    "{TOPIC} {PL}: a {A} story",
-]
-
 _SLOT = re.compile(r"\{([A-Z]+)(\d?)\}")
+Template = tuple[str, tuple[tuple[str, str], ...]]  # a template and its slots as (placeholder, pool) pairs
 
 
-def _parse_template(template: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+def _parse_template(template: str) -> Template:
     """'{S} {V} {O2}.' -> the template and its slots as (placeholder, pool) pairs."""
     slots = tuple(dict.fromkeys((m.group(1) + m.group(2), m.group(1)) for m in _SLOT.finditer(template)))
     return template, slots
 
 
-_PARSED_SENTENCES = [_parse_template(t) for t in _SENTENCE_TEMPLATES]
-_PARSED_TITLES = [_parse_template(t) for t in _TITLE_TEMPLATES]
+@functools.cache
+def _sentence_templates() -> list[Template]:
+    return [_parse_template(t) for t in english().sentence_templates]
+
+
+@functools.cache
+def _title_templates() -> list[Template]:
+    return [_parse_template(t) for t in english().title_templates]
+
+
+@functools.cache
+def _foreign_templates(code: str) -> list[Template]:
+    return [_parse_template(t) for t in languages()[code].templates]
+
+
 _POOL_SEED = 20240522  # the vocabulary pools are fixed; only the per-document choices depend on the seed
 
 
 @functools.cache
 def _english_pools(topic_index: int) -> dict[str, list[str]]:
     """Phrase pools for one topic: noun phrases with determiners, verb forms, people, times..."""
-    topic = _TOPICS[topic_index]
+    vocab = english()
+    topic = vocab.topics[topic_index]
     rng = random.Random(_POOL_SEED + topic_index)
-    adjectives = topic.adjectives * 3 + _GENERAL_ADJECTIVES
-    verbs = topic.verbs * 2 + _GENERAL_VERBS
+    adjectives = topic.adjectives * 3 + vocab.general_adjectives
+    verbs = topic.verbs * 2 + vocab.general_verbs
     singular = _noun_phrases(rng, topic.nouns, adjectives, plural=False, count=700)
     plural = _noun_phrases(rng, topic.nouns, adjectives, plural=True, count=500)
     mass_determiners = ("the", "some", "more", "enough", "our", "their", "fresh")
     mass = [f"{det} {noun}" for det in mass_determiners for noun in topic.mass]
-    people = _ROLES + _FIRST_NAMES + [f"{rng.choice(_FIRST_NAMES)} {s}" for s in _SURNAMES]
-    places = _PLACES + [
-        f"{rng.choice(_PREPOSITIONS)} the {rng.choice(_LANDMARK_ADJECTIVES)}{rng.choice(_LANDMARKS)}"
+    people = vocab.roles + vocab.first_names + [f"{rng.choice(vocab.first_names)} {s}" for s in vocab.surnames]
+    places = vocab.places + [
+        f"{rng.choice(vocab.prepositions)} the {rng.choice(vocab.landmark_adjectives)}{rng.choice(vocab.landmarks)}"
         for _ in range(300)
     ]
-    reasons = _REASONS + [
-        rng.choice(_PURPOSES).format(VB=rng.choice(verbs), O=rng.choice(singular + plural), SP=rng.choice(_GROUPS))
+    reasons = vocab.reasons + [
+        rng.choice(vocab.purposes).format(VB=rng.choice(verbs), O=rng.choice(singular + plural),
+                                          SP=rng.choice(vocab.groups))
         for _ in range(300)
     ]
     return {
         "S": singular + people * 2,
-        "SP": plural + _GROUPS * 3,
+        "SP": plural + vocab.groups * 3,
         "O": singular + plural + mass,
         "V": [_third_person(v) for v in verbs],
         "VP": [_past(v) for v in verbs],
         "VB": verbs,
         "VING": [_gerund(v) for v in verbs],
-        "TH": _HABIT_TIMES,
-        "TP": _PAST_TIMES,
-        "C": _CONNECTORS,
-        "ADV": _ADVERBS,
+        "TH": vocab.habit_times,
+        "TP": vocab.past_times,
+        "C": vocab.connectors,
+        "ADV": vocab.adverbs,
         "PL": sorted(set(places)),
         "R": sorted(set(reasons)),
         "A": adjectives,
@@ -486,8 +180,8 @@ def _english_pools(topic_index: int) -> dict[str, list[str]]:
         "N": topic.nouns,
         "NS": [_plural(n) for n in topic.nouns],
         "P": people,
-        "NUM": _NUMBERS,
-        "PCT": _PERCENTS,
+        "NUM": vocab.numbers,
+        "PCT": vocab.percents,
         "TOPIC": [topic.name],
     }
 
@@ -509,7 +203,7 @@ def _noun_phrases(rng: random.Random, nouns: list[str], adjectives: list[str], *
     return sorted(phrases)
 
 
-def _fill(rng: random.Random, parsed: tuple[str, tuple[tuple[str, str], ...]], pools: dict[str, list[str]]) -> str:
+def _fill(rng: random.Random, parsed: Template, pools: dict[str, list[str]]) -> str:
     template, slots = parsed
     uniform = rng.random  # indexing by random() is several times faster than rng.choice on this hot path
     values = {}
@@ -523,11 +217,11 @@ def _fill(rng: random.Random, parsed: tuple[str, tuple[tuple[str, str], ...]], p
 def _english_paragraphs(rng: random.Random, min_words: int, topic_index: int | None = None) -> list[str]:
     """Paragraphs of English sentences on one topic, at least `min_words` words in all."""
     if topic_index is None:
-        topic_index = rng.randrange(len(_TOPICS))
+        topic_index = rng.randrange(len(english().topics))
     pools = _english_pools(topic_index)
     paragraphs, words = [], 0
     while words < min_words:
-        sentences = [_fill(rng, rng.choice(_PARSED_SENTENCES), pools) for _ in range(rng.randint(3, 7))]
+        sentences = [_fill(rng, rng.choice(_sentence_templates()), pools) for _ in range(rng.randint(3, 7))]
         paragraph = " ".join(sentences)
         paragraphs.append(paragraph)
         words += paragraph.count(" ") + 1
@@ -535,11 +229,11 @@ def _english_paragraphs(rng: random.Random, min_words: int, topic_index: int | N
 
 
 def _english_title(rng: random.Random, topic_index: int) -> str:
-    return _fill(rng, rng.choice(_PARSED_TITLES), _english_pools(topic_index))
+    return _fill(rng, rng.choice(_title_templates()), _english_pools(topic_index))
 
 
 def _english_article(rng: random.Random, min_words: int | None = None) -> str:
-    topic_index = rng.randrange(len(_TOPICS))
+    topic_index = rng.randrange(len(english().topics))
     min_words = min_words or rng.randint(380, 850)
     return "\n".join([_english_title(rng, topic_index), *_english_paragraphs(rng, min_words, topic_index)])
 
@@ -547,321 +241,9 @@ def _english_article(rng: random.Random, min_words: int | None = None) -> str:
 # ====================================================================== other languages
 
 
-@dataclass(frozen=True)
-class _Language:
-    code: str  # ISO 639-1, what fastText's lid.176 reports
-    warc_code: str  # ISO 639-3, as in WARC-Identified-Content-Language
-    tld: str
-    templates: list[str]
-    pools: dict[str, list[str]]
-    separator: str = " "  # between sentences
-
-
-def _lines(text: str) -> list[str]:
-    return [line.strip() for line in text.strip().split("\n") if line.strip()]
-
-
-_LANGUAGES = [
-    _Language(
-        "fr", "fra", "fr",
-        [
-            "{T}, {S} {V} {O} {PL}.",
-            "{C} {S} {V} {O} {PL}.",
-            "{S} {V} {O} et {S2} {V2} {O2}.",
-            "Selon {S}, {S2} {V} {O} {PL}.",
-            "Je pense que {S} {V} {O} {PL}.",
-            "{S} {V} {O} parce que {S2} {V2} {O2}.",
-            "Pourquoi est-ce que {S} {V} {O} {PL} ?",
-            "Il est vrai que {S} {V} {O}, mais {S2} {V2} {O2} {PL}.",
-        ],
-        {
-            "S": _lines("""
-le boulanger\nla directrice\nmon voisin\nnotre équipe\nle maire du village\nla jeune musicienne
-le professeur\nma grand-mère\nle vieux pêcheur\nla pharmacienne\nnotre guide\nle jardinier
-la journaliste\nmon frère aîné\nle chef cuisinier\nla bibliothécaire\nle facteur\nsa cousine
-le propriétaire du café\nla commerçante"""),
-            "O": _lines("""
-le marché couvert\nla maison de campagne\nles livres anciens\nla lettre de sa mère\nle jardin public
-les fleurs du balcon\nla cuisine\nle nouveau projet\nla bicyclette rouge\nle journal du matin
-les fenêtres\nle pain frais\nla carte de la région\nles photos de famille\nle vieux moulin
-la réunion du conseil\nles légumes du potager\nle programme de la semaine\nla salle des fêtes
-les comptes de l'association"""),
-            "V": _lines("""
-achète\nprépare\nlit\nécrit\norganise\nnettoie\nvend\ncherche\ntrouve\nouvre\nferme\nrépare
-peint\nregarde\nétudie\nexplique\nprésente\nporte\nchoisit\nvisite"""),
-            "PL": _lines("""
-dans le centre de la ville\nprès de la rivière\nsur la place du marché\ndans son bureau
-au village\nà côté de la gare\ndans la petite boutique\nau bord du lac\nchez ses parents
-dans la salle de classe\nsous les arbres du parc\nà la mairie"""),
-            "T": _lines("""
-Le matin\nChaque dimanche\nEn été\nPendant la semaine\nTous les jours\nL'après-midi
-Le week-end\nEn hiver\nAprès le travail\nAvant le dîner\nAu printemps\nLe soir"""),
-            "C": _lines("""
-De plus,\nCependant,\nC'est pourquoi\nEn général,\nBien sûr,\nParfois,\nFinalement,
-Pendant ce temps,\nEn effet,\nPar ailleurs,"""),
-        },
-    ),
-    _Language(
-        "de", "deu", "de",
-        [
-            "{S} {V} {O} {PL}.",
-            "{T} {V} {S} {O} {PL}.",
-            "{C} {V} {S} {O} {PL}.",
-            "{S} {V} {O}, weil {S2} {O2} {PL} {V2}.",
-            "Ich glaube, dass {S} {O} {PL} {V}.",
-            "{S} {V} {O}, und {S2} {V2} {O2}.",
-            "Warum {V} {S} {O} {PL}?",
-            "Es ist bekannt, dass {S} {O} {V}.",
-        ],
-        {
-            "S": _lines("""
-der Bäcker\ndie Lehrerin\nmein Nachbar\nunsere Familie\nder Bürgermeister\ndas Kind
-die junge Ärztin\nder alte Fischer\nmeine Großmutter\nder Gärtner\ndie Journalistin
-unser Trainer\nder Koch\ndie Bibliothekarin\nmein älterer Bruder\nder Briefträger
-die Studentin\nder Besitzer des Cafés\ndie Apothekerin\nmeine Kollegin"""),
-            "O": _lines("""
-den Markt\ndas alte Haus\ndie Bücher\neinen langen Brief\nden Garten\ndie Blumen\ndie Küche
-ein neues Projekt\ndas rote Fahrrad\ndie Zeitung\ndie Fenster\ndas frische Brot\ndie Landkarte
-die Familienfotos\nden Bericht\ndas Gemüse aus dem Garten\nden Wochenplan\ndie Rechnung
-einen Kuchen\ndie Einladung"""),
-            "V": _lines("""
-kauft\nbesucht\nliest\nschreibt\norganisiert\nputzt\nverkauft\nsucht\nfindet\nöffnet
-schließt\nrepariert\nmalt\nbetrachtet\nstudiert\nerklärt\nbringt\nwählt\nbraucht\nbestellt"""),
-            "PL": _lines("""
-in der Stadt\nim Garten\nam Bahnhof\nauf dem Markt\nim Büro\nin der Küche\nim Dorf
-an der Ecke\nim kleinen Laden\nam Ufer des Flusses\nbei ihren Eltern\nim Klassenzimmer"""),
-            "T": _lines("""
-Am Morgen\nJeden Tag\nIm Sommer\nAm Wochenende\nHeute\nOft\nManchmal\nIm Winter
-Nach der Arbeit\nVor dem Frühstück\nJedes Jahr\nAm Abend"""),
-            "C": _lines("Deshalb\nAußerdem\nTrotzdem\nDanach\nLeider\nZum Glück\nNatürlich\nMeistens"),
-        },
-    ),
-    _Language(
-        "es", "spa", "es",
-        [
-            "{T}, {S} {V} {O} {PL}.",
-            "{C} {S} {V} {O} {PL}.",
-            "{S} {V} {O} y {S2} {V2} {O2}.",
-            "Según {S}, {S2} {V} {O} {PL}.",
-            "Creo que {S} {V} {O} {PL}.",
-            "{S} {V} {O} porque {S2} {V2} {O2}.",
-            "¿Por qué {V} {S} {O} {PL}?",
-            "Es verdad que {S} {V} {O}, pero {S2} {V2} {O2} {PL}.",
-        ],
-        {
-            "S": _lines("""
-el panadero\nla maestra\nmi vecino\nnuestra familia\nel alcalde del pueblo\nla joven médica
-el viejo pescador\nmi abuela\nel jardinero\nla periodista\nnuestro entrenador\nel cocinero
-la bibliotecaria\nmi hermano mayor\nel cartero\nla estudiante\nel dueño del bar\nla farmacéutica
-mi compañera de trabajo\nel profesor de historia"""),
-            "O": _lines("""
-el mercado\nla casa de campo\nlos libros antiguos\nuna carta larga\nel jardín\nlas flores
-la cocina\nun proyecto nuevo\nla bicicleta roja\nel periódico\nlas ventanas\nel pan del día
-el mapa de la región\nlas fotos de la familia\nel informe anual\nlas verduras de la huerta
-el horario de la semana\nla cuenta del restaurante\nuna tarta de manzana\nla invitación"""),
-            "V": _lines("""
-compra\nprepara\nlee\nescribe\norganiza\nlimpia\nvende\nbusca\nencuentra\nabre\ncierra
-arregla\npinta\nrecoge\nestudia\nexplica\npresenta\nlleva\nelige\nnecesita"""),
-            "PL": _lines("""
-en el centro de la ciudad\ncerca del río\nen la plaza mayor\nen su oficina\nen el pueblo
-junto a la estación\nen la pequeña tienda\nal lado del lago\nen casa de sus padres
-en el aula\nbajo los árboles del parque\nen el ayuntamiento"""),
-            "T": _lines("""
-Por la mañana\nCada domingo\nEn verano\nDurante la semana\nTodos los días\nPor la tarde
-Los fines de semana\nEn invierno\nDespués del trabajo\nAntes de la cena\nEn primavera\nPor la noche"""),
-            "C": _lines("""
-Además,\nSin embargo,\nPor eso,\nEn general,\nPor supuesto,\nA veces,\nAl final,
-Mientras tanto,\nDe hecho,\nPor otra parte,"""),
-        },
-    ),
-    _Language(
-        "it", "ita", "it",
-        [
-            "{T}, {S} {V} {O} {PL}.",
-            "{C} {S} {V} {O} {PL}.",
-            "{S} {V} {O} e {S2} {V2} {O2}.",
-            "Secondo {S}, {S2} {V} {O} {PL}.",
-            "{S} dice che {S2} {V} {O} {PL}.",
-            "{S} {V} {O} perché {S2} {V2} {O2}.",
-            "Perché {S} {V} {O} {PL}?",
-            "È vero che {S} {V} {O}, ma {S2} {V2} {O2} {PL}.",
-        ],
-        {
-            "S": _lines("""
-il fornaio\nla maestra\nmio fratello\nla nostra famiglia\nil sindaco del paese\nlo studente
-la giovane dottoressa\nil vecchio pescatore\nmia nonna\nil giardiniere\nla giornalista
-il nostro allenatore\nil cuoco\nla bibliotecaria\nil postino\nla studentessa\nil proprietario del bar
-la farmacista\nla mia collega\nil professore di storia"""),
-            "O": _lines("""
-il mercato\nla casa di campagna\ni libri antichi\nuna lunga lettera\nil giardino\ni fiori
-la cucina\nun nuovo progetto\nla bicicletta rossa\nil giornale\nle finestre\nil pane fresco
-la carta della regione\nle foto di famiglia\nla relazione annuale\nle verdure dell'orto
-il programma della settimana\nil conto del ristorante\nuna torta di mele\nl'invito"""),
-            "V": _lines("""
-compra\nprepara\nlegge\nscrive\norganizza\npulisce\nvende\ncerca\ntrova\napre\nchiude
-ripara\ndipinge\nraccoglie\nstudia\nspiega\npresenta\nporta\nsceglie\nascolta"""),
-            "PL": _lines("""
-nel centro della città\nvicino al fiume\nin piazza\nnel suo ufficio\nin paese
-accanto alla stazione\nnel piccolo negozio\nsulla riva del lago\na casa dei genitori
-in classe\nsotto gli alberi del parco\nin municipio"""),
-            "T": _lines("""
-La mattina\nOgni domenica\nD'estate\nDurante la settimana\nTutti i giorni\nIl pomeriggio
-Nel fine settimana\nD'inverno\nDopo il lavoro\nPrima di cena\nIn primavera\nLa sera"""),
-            "C": _lines("""
-Inoltre,\nTuttavia,\nPer questo,\nIn generale,\nNaturalmente,\nA volte,\nAlla fine,
-Nel frattempo,\nInfatti,\nD'altra parte,"""),
-        },
-    ),
-    _Language(
-        "pt", "por", "pt",
-        [
-            "{T}, {S} {V} {O} {PL}.",
-            "{C} {S} {V} {O} {PL}.",
-            "{S} {V} {O} e {S2} {V2} {O2}.",
-            "Segundo {S}, {S2} {V} {O} {PL}.",
-            "Acho que {S} {V} {O} {PL}.",
-            "{S} não {V} {O} {PL}, mas {S2} {V2} {O2}.",
-            "{S} {V} {O} porque {S2} {V2} {O2}.",
-            "Por que {S} {V} {O} {PL}?",
-        ],
-        {
-            "S": _lines("""
-o padeiro\na professora\no meu vizinho\na nossa família\no prefeito da cidade\no estudante
-a jovem médica\no velho pescador\na minha avó\no jardineiro\na jornalista\no nosso treinador
-o cozinheiro\na bibliotecária\no carteiro\na estudante\no dono do café\na farmacêutica
-a minha colega\no professor de história"""),
-            "O": _lines("""
-o mercado\na casa de campo\nos livros antigos\numa carta comprida\no jardim\nas flores
-a cozinha\num projeto novo\na bicicleta vermelha\no jornal\nas janelas\no pão fresco
-o mapa da região\nas fotografias da família\no relatório anual\nos legumes da horta
-o horário da semana\na conta do restaurante\num bolo de maçã\no convite"""),
-            "V": _lines("""
-compra\nprepara\nlê\nescreve\norganiza\nlimpa\nvende\nprocura\nencontra\nabre\nfecha
-conserta\npinta\nrecolhe\nestuda\nexplica\napresenta\nleva\nescolhe\nouve"""),
-            "PL": _lines("""
-no centro da cidade\nperto do rio\nna praça\nno seu escritório\nna aldeia
-ao lado da estação\nna pequena loja\nà beira do lago\nem casa dos pais\nna sala de aula
-debaixo das árvores do parque\nna câmara municipal"""),
-            "T": _lines("""
-De manhã\nTodos os domingos\nNo verão\nDurante a semana\nTodos os dias\nÀ tarde
-Nos fins de semana\nNo inverno\nDepois do trabalho\nAntes do jantar\nNa primavera\nÀ noite"""),
-            "C": _lines("""
-Além disso,\nNo entanto,\nPor isso,\nEm geral,\nÀs vezes,\nNo final,\nEnquanto isso,
-De fato,\nPor outro lado,\nNa verdade,"""),
-        },
-    ),
-    _Language(
-        "nl", "nld", "nl",
-        [
-            "{S} {V} {O} {PL}.",
-            "{T} {V} {S} {O} {PL}.",
-            "{C} {V} {S} {O} {PL}.",
-            "Ik denk dat {S} {O} {PL} {V}.",
-            "{S} {V} {O}, omdat {S2} {O2} {V2}.",
-            "{S} {V} {O} en {S2} {V2} {O2}.",
-            "Volgens {S} {V} {S2} {O} {PL}.",
-            "Waarom {V} {S} {O} {PL}?",
-        ],
-        {
-            "S": _lines("""
-de bakker\nde lerares\nmijn buurman\nonze familie\nde burgemeester\nhet kind\nde jonge dokter
-de oude visser\nmijn grootmoeder\nde tuinman\nde journaliste\nonze trainer\nde kok
-de bibliothecaris\nmijn oudere broer\nde postbode\nde studente\nde eigenaar van het café
-de apotheker\nmijn collega"""),
-            "O": _lines("""
-de markt\nhet oude huis\nde boeken\neen lange brief\nde tuin\nde bloemen\nde keuken
-een nieuw project\nde rode fiets\nde krant\nde ramen\nhet verse brood\nde kaart van de streek
-de familiefoto's\nhet jaarverslag\nde groenten uit de moestuin\nhet weekrooster\nde rekening
-een appeltaart\nde uitnodiging"""),
-            "V": _lines("""
-koopt\nbezoekt\nleest\nschrijft\norganiseert\nmaakt\nverkoopt\nzoekt\nvindt\nopent\nsluit
-repareert\nschildert\nverzamelt\nbestudeert\nbekijkt\nbrengt\nkiest\nbestelt\nbetaalt"""),
-            "PL": _lines("""
-in het centrum van de stad\nbij de rivier\nop het plein\nin zijn kantoor\nin het dorp
-naast het station\nin de kleine winkel\naan de oever van het meer\nbij haar ouders
-in het klaslokaal\nonder de bomen in het park\nop het gemeentehuis"""),
-            "T": _lines("""
-'s Ochtends\nElke zondag\nIn de zomer\nTijdens de week\nElke dag\n's Middags\nIn het weekend
-In de winter\nNa het werk\nVoor het avondeten\nIn de lente\n's Avonds"""),
-            "C": _lines("Daarom\nBovendien\nToch\nDaarna\nHelaas\nGelukkig\nNatuurlijk\nMeestal"),
-        },
-    ),
-    _Language(
-        "ru", "rus", "ru",
-        [
-            "{T} {S} {V} {O} {PL}.",
-            "{C} {S} {V} {O} {PL}.",
-            "Я думаю, что {S} {V} {O} {PL}.",
-            "{S} {V} {O}, потому что {S2} {V2} {O2}.",
-            "{S} {V} {O}, а {S2} {V2} {O2} {PL}.",
-            "{S} не {V} {O} {PL}, но {S2} {V2} {O2}.",
-            "Почему {S} {V} {O} {PL}?",
-            "Все знают, что {S} {V} {O}.",
-        ],
-        {
-            "S": _lines("""
-мой сосед\nучительница\nпекарь\nнаша семья\nдиректор школы\nмолодой инженер\nстарый рыбак
-студентка\nврач\nмэр города\nмоя бабушка\nсадовник\nжурналистка\nнаш тренер\nповар
-библиотекарь\nмой старший брат\nпочтальон\nхозяин кафе\nмоя коллега"""),
-            "O": _lines("""
-новую книгу\nстарый дом\nписьмо\nгазету\nсвежий хлеб\nцветы\nвелосипед\nинтересный проект
-большую карту\nокна\nкухню\nподарок\nбилеты на поезд\nсемейные фотографии\nгодовой отчёт
-овощи из огорода\nрасписание на неделю\nсчёт в ресторане\nяблочный пирог\nприглашение"""),
-            "V": _lines("""
-покупает\nчитает\nпишет\nготовит\nоткрывает\nзакрывает\nремонтирует\nищет\nнаходит\nпродаёт
-изучает\nобъясняет\nрисует\nнесёт\nслушает\nубирает\nпоказывает\nобсуждает\nстроит\nзаказывает"""),
-            "PL": _lines("""
-в центре города\nна рынке\nвозле реки\nв своём кабинете\nна площади\nв деревне
-рядом с вокзалом\nв маленьком магазине\nна берегу озера\nу родителей\nв классе\nв парке"""),
-            "T": _lines("""
-Утром\nКаждое воскресенье\nЛетом\nЗимой\nВечером\nПо выходным\nПосле работы\nПеред ужином
-Каждый день\nВесной\nОсенью\nДнём"""),
-            "C": _lines("""
-Кроме того,\nОднако\nПоэтому\nКонечно,\nИногда\nВ итоге\nТем временем\nКак правило,
-На самом деле\nК счастью,"""),
-        },
-    ),
-    _Language(
-        "ja", "jpn", "jp",
-        [
-            "{T}、{S}は{PL}{O}を{V}。",
-            "{C}{S}は{O}を{V}。",
-            "{S}は{PL}{O}を{V}が、{S2}は{O2}を{V2}。",
-            "{T}、{S}と一緒に{PL}{O}を{V}。",
-            "{S}は{O}がとても好きです。",
-            "{T}、{S}は{O}と{O2}を{V}。",
-            "{S}はいつも{PL}{O}を{V}。",
-        ],
-        {
-            "S": _lines("""
-私の友人\n先生\n母\n近所の人\n店の主人\n若い医者\n学生たち\n祖父\n社長\n子供たち
-姉\n兄\n図書館の職員\n料理人\n駅員\n私の同僚\n祖母\n父\nパン屋の主人\n新しい先生"""),
-            "O": _lines("""
-新しい本\n手紙\n朝ご飯\n古い写真\n地図\n花\n自転車\n新聞\n野菜\nお茶\n駅の近くの家
-日本語の教科書\n昼ご飯\n赤い傘\n魚\nケーキ\n部屋\n車\n雑誌\n絵"""),
-            "V": _lines("""
-読みます\n書きます\n作ります\n買います\n見ます\n探します\n運びます\n直します\n売ります
-選びます\n洗います\n片付けます\n準備します\n紹介します\n使います\n送ります"""),
-            "PL": _lines("""
-公園で\n駅の前で\n台所で\n図書館で\n市場で\n会社で\n学校で\n川の近くで\n家で
-喫茶店で\n大学で\n町の中心で"""),
-            "T": _lines("""
-毎朝\n日曜日に\n夏には\n冬には\n仕事の後で\n夕方に\n週末に\n毎日\n春になると\n晩ご飯の前に
-休みの日に\n雨の日には"""),
-            "C": _lines("""
-しかし、\nそれから、\nまた、\nだから、\nときどき\nもちろん、\n実は、\nその後、"""),
-        },
-        separator="",
-    ),
-]
-FOREIGN_LANGUAGES = tuple(lang.code for lang in _LANGUAGES)
-_LANGUAGE_BY_CODE = {lang.code: lang for lang in _LANGUAGES}
-_PARSED_FOREIGN = {lang.code: [_parse_template(t) for t in lang.templates] for lang in _LANGUAGES}
-
-
 def _foreign_article(rng: random.Random, code: str) -> str:
-    lang = _LANGUAGE_BY_CODE[code]
-    templates = _PARSED_FOREIGN[code]
+    lang = languages()[code]
+    templates = _foreign_templates(code)
     target_chars = rng.randint(1800, 4200) // (3 if lang.separator == "" else 1)
     paragraphs, chars = [], 0
     while chars < target_chars:
@@ -874,38 +256,6 @@ def _foreign_article(rng: random.Random, code: str) -> str:
 
 # ====================================================================== boilerplate sites
 
-_SITE_WORDS = _words(
-    "harbour, garden, river, north, maple, copper, lantern, meadow, summit, atlas, beacon, cedar, falcon,"
-    "granite, hollow, island, juniper, kettle, linden, orchard, pine, quarry, raven, silver, thistle,"
-    "valley, willow, amber, birch, cobalt"
-)
-_SITE_SUFFIXES = _words("Journal, Gazette, Review, Notes, Weekly, Times, Magazine, Post, Chronicle, Daily")
-_NAV_ITEMS = _words(
-    "Home, News, Blog, Guides, Reviews, Shop, Events, About, About us, Contact, Contact us, Careers, Help,"
-    "FAQ, Newsletter, Subscribe, Log in, Sign in, Register, Search, Archive, Podcasts, Videos, Community,"
-    "Forum, Deals, Topics, Opinion, Features, Local"
-)
-_COOKIE_NOTICES = [
-    "We use cookies to give you the best experience on our website. By continuing to browse, you agree to "
-    "our use of cookies. Learn more about how we use cookies in our cookie policy.\nAccept all cookies\n"
-    "Manage preferences",
-    "This website uses cookies to improve your experience and to show you relevant content. You can change "
-    "your settings at any time.\nAccept\nReject\nCookie settings",
-    "Our site relies on cookies for analytics, personalised content and ads. If you continue to use the "
-    "site we will assume that you are happy with it.\nOK\nRead more",
-    "We value your privacy. We and our partners store and access information on your device, such as "
-    "cookies, to measure and improve our services.\nAgree and close\nShow purposes",
-]
-_FOOTERS = [
-    "Share this article\nFacebook\nTwitter\nEmail\nRelated posts\nSubscribe to our newsletter and never "
-    "miss an update.\n© 2024 {site}. All rights reserved.\nPrivacy Policy | Terms of Service | Cookie "
-    "Settings | Sitemap",
-    "Was this article helpful?\nYes\nNo\nLeave a comment\nYour email address will not be published.\n"
-    "Copyright 2024 {site}\nImprint | Privacy | Contact | Advertise with us",
-    "More from {site}\nMost read this week\nFollow us on social media\n© {site} 2009-2024. All rights "
-    "reserved. Reproduction without permission is prohibited.\nTerms | Privacy | Accessibility",
-]
-
 
 @dataclass(frozen=True)
 class _Site:
@@ -915,12 +265,13 @@ class _Site:
 
 
 def _make_site(rng: random.Random) -> _Site:
-    first, second = rng.sample(_SITE_WORDS, 2)
-    name = f"{first.title()} {second.title()} {rng.choice(_SITE_SUFFIXES)}"
-    nav = rng.sample(_NAV_ITEMS, rng.randint(7, 11))
-    header = "\n".join([f"{name} | {rng.choice(_SITE_SUFFIXES)} of {first} and {second}", *nav,
-                        rng.choice(_COOKIE_NOTICES)])
-    footer = rng.choice(_FOOTERS).format(site=name)
+    words = web()
+    first, second = rng.sample(words.site_words, 2)
+    name = f"{first.title()} {second.title()} {rng.choice(words.site_suffixes)}"
+    nav = rng.sample(words.nav_items, rng.randint(7, 11))
+    header = "\n".join([f"{name} | {rng.choice(words.site_suffixes)} of {first} and {second}", *nav,
+                        rng.choice(words.cookie_notices)])
+    footer = rng.choice(words.footers).format(site=name)
     return _Site(f"www.{first}{second}.{rng.choice(('com', 'org', 'net', 'co.uk'))}", header, footer)
 
 
@@ -930,84 +281,58 @@ def _boilerplate_page(rng: random.Random, site: _Site) -> str:
 
 # ====================================================================== spam and low quality
 
-_SPAM_KEYWORDS = _words(
-    "cheap flights, best price, buy now, discount watches, free shipping, casino bonus, online casino,"
-    "weight loss pills, lose weight fast, replica bags, cheap hotels, payday loans, fast cash,"
-    "bitcoin investment, crypto signals, make money online, work from home, free iphone, cheap pills,"
-    "best deals 2024, top rated, limited offer, hot singles, dating site, seo services, backlinks,"
-    "cheap web hosting, vpn deal, forex trading, miracle cure, anti aging cream, followers cheap,"
-    "sports betting, slot machines, jackpot, free spins, loan approval, no credit check, luxury watches,"
-    "designer shoes sale, outlet store, wholesale prices, best vpn, gift cards free, coupon codes,"
-    "promo code, insurance quotes, car insurance cheap, mortgage rates, essay writing service"
-)
-_SYMBOL_LINES = [
-    "★★★★★ ★★★★★ ★★★★★", "##########", "#### #### #### ####", "=========================",
-    "»»»»»»»»»»", "|||||||||||||||", "~~~~~~~~~~~~~~~~~~~~", "***** ***** *****", "### ### ###",
-    "<<< >>> <<< >>>", "+++++++++++++++", "••••••••••", "◆◆◆◆◆◆◆◆", "///////////////", "#1 #1 #1 #1",
-]
-_BULLETS = ("• ", "- ", "* ", "· ", "► ")
-_BULLET_ITEMS = _words(
-    "Free shipping, Money back guarantee, 24/7 support, Best price, Secure checkout, Top quality,"
-    "Fast delivery, New arrivals, Gift wrapping, Easy returns, Exclusive deals, Members only,"
-    "Limited stock, Bestseller, Trusted by millions, Award winning, Certified, Eco friendly, Made to order,"
-    "Official store, Worldwide delivery, Lowest price, Hot deal, Save now, Order today, Special offer,"
-    "Clearance sale, Flash sale, Loyalty points, Price match"
-)
-_TEASERS = [
-    "Click here to read more", "You won't believe what happened next", "Find out more", "Continue reading",
-    "See the full list", "Read the full story", "Doctors hate this one trick", "Number seven will shock you",
-    "Click to see the photos", "Learn the secret", "Watch the video", "Download now", "Claim your prize",
-    "Find out why", "Discover the truth", "Only today",
-]
-
 
 def _spam_keyword_list(rng: random.Random) -> str:
+    keywords = web().spam_keywords
     lines = []
     for _ in range(rng.randint(4, 10)):
-        lines.append(", ".join(rng.sample(_SPAM_KEYWORDS, rng.randint(8, 20))))
-    return "\n".join([f"{rng.choice(_SPAM_KEYWORDS).title()} {rng.randint(1, 999)}", *lines])
+        lines.append(", ".join(rng.sample(keywords, rng.randint(8, 20))))
+    return "\n".join([f"{rng.choice(keywords).title()} {rng.randint(1, 999)}", *lines])
 
 
 def _spam_symbol_lines(rng: random.Random) -> str:
+    words = web()
     lines = []
     for _ in range(rng.randint(15, 40)):
         if rng.random() < 0.6:
-            lines.append(rng.choice(_SYMBOL_LINES))
+            lines.append(rng.choice(words.symbol_lines))
         else:
-            lines.append(f"{rng.choice(_SYMBOL_LINES)} {rng.choice(_BULLET_ITEMS).upper()} {rng.randint(1, 99)}%")
+            symbols, item = rng.choice(words.symbol_lines), rng.choice(words.bullet_items)
+            lines.append(f"{symbols} {item.upper()} {rng.randint(1, 99)}%")
     return "\n".join(lines)
 
 
 def _spam_bullet_list(rng: random.Random) -> str:
-    bullet = rng.choice(_BULLETS)
-    items = [f"{bullet}{rng.choice(_BULLET_ITEMS)} {rng.randint(1, 500)}" for _ in range(rng.randint(20, 45))]
+    words = web()
+    bullet = rng.choice(words.bullets)
+    items = [f"{bullet}{rng.choice(words.bullet_items)} {rng.randint(1, 500)}" for _ in range(rng.randint(20, 45))]
     return "\n".join(items)
 
 
 def _spam_ellipsis_lines(rng: random.Random) -> str:
     """A teaser page: headlines cut off with "..." and "click here..." lines."""
-    pools = _english_pools(rng.randrange(len(_TOPICS)))
+    pools = _english_pools(rng.randrange(len(english().topics)))
     lines = []
     for _ in range(rng.randint(12, 30)):
         if rng.random() < 0.25:
-            lines.append(f"{rng.choice(_TEASERS)}...")
+            lines.append(f"{rng.choice(web().teasers)}...")
         else:
-            words = _fill(rng, rng.choice(_PARSED_SENTENCES), pools).rstrip(".?").split(" ")
+            words = _fill(rng, rng.choice(_sentence_templates()), pools).rstrip(".?").split(" ")
             lines.append(" ".join(words[: rng.randint(11, 16)]) + rng.choice(("...", "…")))
     return "\n".join(lines)
 
 
 def _spam_too_short(rng: random.Random) -> str:
-    pools = _english_pools(rng.randrange(len(_TOPICS)))
-    sentences = [_fill(rng, rng.choice(_PARSED_SENTENCES), pools) for _ in range(rng.randint(1, 2))]
+    pools = _english_pools(rng.randrange(len(english().topics)))
+    sentences = [_fill(rng, rng.choice(_sentence_templates()), pools) for _ in range(rng.randint(1, 2))]
     text = " ".join(sentences)
     return " ".join(text.split(" ")[:40])
 
 
 def _spam_repetition(rng: random.Random) -> str:
-    pools = _english_pools(rng.randrange(len(_TOPICS)))
-    line = _fill(rng, rng.choice(_PARSED_SENTENCES), pools)
-    other = _fill(rng, rng.choice(_PARSED_SENTENCES), pools)
+    pools = _english_pools(rng.randrange(len(english().topics)))
+    line = _fill(rng, rng.choice(_sentence_templates()), pools)
+    other = _fill(rng, rng.choice(_sentence_templates()), pools)
     lines = [line] * rng.randint(15, 40)
     lines.insert(rng.randrange(len(lines)), other)
     return "\n".join(lines)
@@ -1023,30 +348,6 @@ _SPAM_GENERATORS: dict[str, Callable[[random.Random], str]] = {
 }
 
 # ====================================================================== PII
-
-_MAIL_DOMAINS = _words("example.com, example.org, example.net, mailbox.example, inbox.test, post.example")
-_PII_SENTENCES = {
-    "email": [
-        "If you have any questions, write to {value} and we will answer within two days.",
-        "You can reach the organiser directly at {value}.",
-        "Send your photos and stories to {value} before the end of the month.",
-    ],
-    "phone": [
-        "For bookings, call {value} on weekdays between nine and five.",
-        "The office can be reached by phone at {value}.",
-        "Anyone who saw something should ring {value} as soon as possible.",
-    ],
-    "ipv4": [
-        "The form was submitted from the address {value} late in the evening.",
-        "Our logs show that the server at {value} handled most of the requests.",
-        "Several complaints came from the same address, {value}, within an hour.",
-    ],
-    "credit_card": [
-        "The deposit was paid with the card {value}, which has since been cancelled.",
-        "Please do not share card numbers such as {value} in the comments.",
-        "The receipt listed the card number {value} in full, which is a serious mistake.",
-    ],
-}
 
 
 def _luhn_check_digit(digits: str) -> str:
@@ -1089,9 +390,9 @@ def _phone_number(rng: random.Random) -> str:
 
 def _pii_value(rng: random.Random, kind: str) -> str:
     if kind == "email":
-        first, last = rng.choice(_FIRST_NAMES).lower(), rng.choice(_SURNAMES).lower()
+        first, last = rng.choice(english().first_names).lower(), rng.choice(english().surnames).lower()
         local = rng.choice((f"{first}.{last}", f"{first[0]}{last}", f"{first}{rng.randint(1, 99)}"))
-        return f"{local}@{rng.choice(_MAIL_DOMAINS)}"
+        return f"{local}@{rng.choice(web().mail_domains)}"
     if kind == "phone":
         return _phone_number(rng)
     if kind == "ipv4":  # a public address: private and reserved ones are not personal data (pii.py)
@@ -1105,17 +406,15 @@ def _pii_value(rng: random.Random, kind: str) -> str:
 def _pii_article(rng: random.Random) -> tuple[str, dict[str, list[str]]]:
     lines = _english_article(rng).split("\n")
     planted: dict[str, list[str]] = {}
-    for kind in rng.sample(list(_PII_SENTENCES), rng.randint(2, 4)):
+    for kind in rng.sample(list(web().pii_sentences), rng.randint(2, 4)):
         value = _pii_value(rng, kind)
         planted.setdefault(kind, []).append(value)
         line = rng.randrange(1, len(lines))
-        lines[line] += " " + rng.choice(_PII_SENTENCES[kind]).format(value=value)
+        lines[line] += " " + rng.choice(web().pii_sentences[kind]).format(value=value)
     return "\n".join(lines), dict(sorted(planted.items()))
 
 
 # ====================================================================== near duplicates
-
-_INSERTABLE = _words("very, really, also, quite, still, even, just, rather, almost, certainly, perhaps, simply")
 
 
 def _edit_words(rng: random.Random, text: str, edits: int) -> str:
@@ -1130,13 +429,13 @@ def _edit_words(rng: random.Random, text: str, edits: int) -> str:
         words = lines[li]
         operation = rng.choice(("replace", "insert", "delete"))
         if operation == "insert":
-            words.insert(wi, rng.choice(_INSERTABLE))
+            words.insert(wi, rng.choice(web().insertable))
         elif operation == "delete" and len(words) > 1:
             del words[wi]
         else:
             old = words[wi]
             tail = old[len(old.rstrip(".,;:?!")) :]
-            words[wi] = rng.choice(_GENERAL_ADJECTIVES) + tail
+            words[wi] = rng.choice(english().general_adjectives) + tail
     return "\n".join(" ".join(words) for words in lines)
 
 
@@ -1275,7 +574,7 @@ class _UrlMaker:
         seen = set()
         while len(seen) < count:
             tld = self.rng.choice(("com", "org", "net", "info", "blog"))
-            parts = (self.rng.choice(_SITE_WORDS), self.rng.choice(_SITE_WORDS), tld)
+            parts = (self.rng.choice(web().site_words), self.rng.choice(web().site_words), tld)
             if parts[0] != parts[1] and parts not in seen:
                 seen.add(parts)
                 yield parts
@@ -1286,7 +585,7 @@ class _UrlMaker:
             host = self.rng.choice(self.hosts)
             if tld:
                 host = host.rsplit(".", 1)[0] + "." + tld
-        topic = self.rng.choice(_TOPICS)
+        topic = self.rng.choice(english().topics)
         slug = "-".join([self.rng.choice(topic.adjectives), *self.rng.sample(topic.nouns, 2)]).replace(" ", "-")
         section = self.rng.choice(("blog", "articles", "news", "guides", "stories", "2023", "2024"))
         return f"https://{host}/{section}/{slug.lower()}-{self.serial}"
@@ -1306,7 +605,7 @@ def _plan(docs: int, seed: int) -> list[_Planned]:
     base += [planned("pii", "en") for _ in range(counts["pii"])]
     for i in range(counts["foreign"]):
         code = FOREIGN_LANGUAGES[i % len(FOREIGN_LANGUAGES)]
-        base.append(planned("foreign", code, url=urls.make(tld=_LANGUAGE_BY_CODE[code].tld)))
+        base.append(planned("foreign", code, url=urls.make(tld=languages()[code].tld)))
     for i in range(counts["boilerplate"]):
         site = sites[i % len(sites)]
         base.append(planned("boilerplate", "en", site=site, url=urls.make(host=site.host)))
@@ -1433,7 +732,7 @@ def _conversion_record(doc: _Planned, text: str, record_id: str, refers_to: str)
 
 
 def _warc_language(code: str) -> str:
-    return "eng" if code == "en" else _LANGUAGE_BY_CODE[code].warc_code
+    return "eng" if code == "en" else languages()[code].warc_code
 
 
 def write_sample_wet(

@@ -52,7 +52,7 @@ def cmd_plan(args: argparse.Namespace, _config: None) -> int:
 
 
 def cmd_presets(args: argparse.Namespace, _config: None) -> int:
-    from lmforge.common.model_sizes import format_preset_sizes, preset_sizes, preset_sizes_json
+    from lmforge.model.sizes import format_preset_sizes, preset_sizes, preset_sizes_json
 
     sizes = preset_sizes()
     sys.stdout.write(json.dumps(preset_sizes_json(sizes), indent=1) + "\n" if args.json

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from lmforge.common.config import StrictModel, load_config
-from lmforge.common.model import GPTConfig
+from lmforge.model.config import GPTConfig
 from lmforge.trainer.mesh_layout import section_problems
 
 ENV_PREFIX = "LMFORGE_TRAINER"

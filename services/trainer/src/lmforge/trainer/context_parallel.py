@@ -8,14 +8,15 @@ rank's key/value gradients back to their owner), and attends its queries to the 
 sequence under a mask built from global positions. The loss is each rank's cross-entropy sum
 over the global token count, so the shares add up to the one-process mean.
 
-This is what the trainer runs on every backend (train.Trainer, parallel.parallelize). torch's
+This is what the trainer runs on every backend (train.Trainer, parallelize.parallelize). torch's
 ring attention (torch.distributed.tensor.experimental.context_parallel) is CUDA-only and not wired.
+What it refuses (a sequence the 2·cp chunks do not divide, the MoE option) is lmforge.trainer.layout_rules's.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -23,45 +24,21 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from lmforge.common.model_config import GPTConfig
+from lmforge.model.config import GPTConfig
+from lmforge.trainer.layout_rules import ModelDims, context_parallel_problems, refuse
 
 __all__ = [
-    "ContextParallelBatch", "all_reduce_gradients", "apply_context_parallel", "check_sequence_length",
-    "context_parallel_forward", "context_parallel_loss", "context_parallel_problems", "gather_sequence", "shard_batch",
-    "shard_sequence", "unshard_sequence",
+    "ContextParallelBatch", "all_reduce_gradients", "apply_context_parallel", "context_parallel_forward",
+    "context_parallel_loss", "gather_sequence", "shard_batch", "shard_sequence", "unshard_sequence",
 ]
 
 IGNORE_INDEX = -100  # F.cross_entropy's default
 
 
-def check_sequence_length(seq_len: int, cp: int) -> None:
-    if seq_len % (2 * cp):
-        raise ValueError(f"parallel.cp={cp}: the sequence length {seq_len} is not divisible by 2·cp = {2 * cp} "
-                         f"(load-balanced context parallelism cuts it into 2·cp chunks)")
-
-
-def context_parallel_problems(cp: int, tp: int, seq_len: int, model_config: GPTConfig | None = None) -> list[str]:
-    """Why this run does not split over cp ranks (empty: it does), each naming parallel.cp; checked
-    before any process group. model_config None: not known yet (init_from's, checked when built)."""
-    if cp == 1:
-        return []
-    problems = []
-    if seq_len % (2 * cp):
-        problems.append(f"parallel.cp={cp}: data.seq_len = {seq_len} is not divisible by 2·cp = {2 * cp} "
-                        "(load-balanced context parallelism cuts the sequence into 2·cp chunks)")
-    elif (seq_len // cp) % tp:
-        problems.append(f"parallel.cp={cp} × tp={tp}: each cp rank's {seq_len // cp} tokens (data.seq_len / cp) "
-                        f"are not divisible by tp = {tp} (sequence parallelism splits them)")
-    if model_config is not None and model_config.moe is not None:
-        problems.append(f"parallel.cp={cp}: context parallelism does not support the MoE option yet "
-                        "(its balance losses are per-rank)")
-    return problems
-
-
 def shard_sequence(tensor: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
-    """Rank `rank`'s load-balanced shard: chunks rank and 2·cp−1−rank of 2·cp along `dim`."""
-    check_sequence_length(tensor.shape[dim], cp)
+    """Rank `rank`'s load-balanced shard: chunks rank and 2·cp−1−rank of 2·cp along `dim` (ConfigError
+    when they do not divide it)."""
+    refuse(context_parallel_problems(cp, 1, tensor.shape[dim], None))
     chunks = tensor.chunk(2 * cp, dim=dim)
     return torch.cat((chunks[rank], chunks[2 * cp - 1 - rank]), dim=dim)
 
@@ -123,9 +100,9 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, posi
 def apply_context_parallel(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
     """Make every attention layer of a built GPT (or pipeline chunk) attend across the cp group; the
     model then expects shard_batch's shards with their positions (GPT.forward(idx, positions=…))."""
-    if getattr(getattr(model, "config", None), "moe", None) is not None:  # (a pipeline chunk has no config)
-        raise ValueError(f"parallel.cp={dist.get_world_size(group)}: context parallelism does not support the MoE "
-                         f"option yet (its balance losses are per-rank)")
+    config = getattr(model, "config", None)  # (a pipeline chunk has none: the trainer checked its model at start)
+    if isinstance(config, GPTConfig):  # the MoE option is refused (ConfigError)
+        refuse(context_parallel_problems(dist.get_world_size(group), 1, None, ModelDims.of(config)))
     attention = partial(all_gather_attention, group=group)
     for block in model.blocks.children():  # a GPT's list or a pipeline chunk's dict
         block.attn.attention_fn = attention

@@ -35,7 +35,22 @@ class _Shard:
     sequences: int
 
 
-class ShardSource:
+class SequenceCounts:
+    """What a sampler reads of a source, local or streamed: its sequences per shard, cumulative."""
+
+    _ends: np.ndarray
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self._ends[-1])
+
+    @property
+    def sequence_ends(self) -> np.ndarray:
+        """Cumulative sequences per shard: shard k holds sequences [ends[k-1], ends[k])."""
+        return self._ends
+
+
+class ShardSource(SequenceCounts):
     """One data-prep output's split, validated against its manifest."""
 
     def __init__(self, root: str | Path, split: str, seq_len: int, *, verify_sha256: bool = True, name: str = ""):
@@ -81,15 +96,6 @@ class ShardSource:
         if verify_sha256 and sha256_file(path) != entry.sha256:
             raise ShardFormatError(f"{path}: sha256 does not match manifest.json (corrupt or replaced)")
         return _Shard(path, tokens, max(0, (len(tokens) - 1) // self.seq_len))
-
-    @property
-    def num_sequences(self) -> int:
-        return int(self._ends[-1])
-
-    @property
-    def sequence_ends(self) -> np.ndarray:
-        """Cumulative sequences per shard: shard k holds sequences [ends[k-1], ends[k])."""
-        return self._ends
 
     @property
     def token_bytes(self) -> int:

@@ -32,9 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.common.errors import ConfigError, InputError, LmforgeError, ShardFormatError, StorageError
+from lmforge.common.errors import ConfigError, InputError, ShardFormatError, StorageError
 from lmforge.common.logging import get_logger
-from lmforge.common.s3 import NOT_FOUND_CODES, S3Bucket, error_code
 from lmforge.common.shard_index import (
     MANIFEST,
     ShardEntry,
@@ -44,9 +43,9 @@ from lmforge.common.shard_index import (
     read_split_index,
 )
 from lmforge.common.shards import HEADER_BYTES, ShardHeader, token_dtype
-from lmforge.common.storage import S3Location, local_path_of, scheme_of
+from lmforge.common.storage import ObjectMissing, S3Location, S3Store, local_path_of, scheme_of
 from lmforge.trainer.block_cache import BlockCache
-from lmforge.trainer.data import SampleRef, ShardSource, locate_sequence
+from lmforge.trainer.data import SampleRef, SequenceCounts, ShardSource, locate_sequence
 from lmforge.trainer.sampling import Sampler
 
 FETCH_THREADS = 16  # sequences of a batch read at once (each a block fetch at worst)
@@ -66,7 +65,7 @@ class _StreamedShard:
     header_checked: bool = field(default=False)
 
 
-class StreamingSource:
+class StreamingSource(SequenceCounts):
     """One split of a data-prep output under s3://BUCKET/PREFIX, read through `cache`."""
 
     def __init__(self, uri: str, split: str, seq_len: int, cache: BlockCache, *, name: str = ""):
@@ -75,7 +74,7 @@ class StreamingSource:
         self.name = name or Path(self.uri).name
         self.seq_len, self.cache = seq_len, cache
         self.prefix = "/".join(_safe_parts(loc.key, uri))
-        self.bucket = S3Bucket(loc.bucket, concurrency=FETCH_THREADS)
+        self.store = S3Store(f"s3://{loc.bucket}/{self.prefix}", concurrency=FETCH_THREADS)
         self.manifest = parse_manifest(self._manifest_bytes(), f"{self.uri}/{MANIFEST}")
         self.tokenizer_sha256 = self.manifest["tokenizer"]["sha256"]
         self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
@@ -99,15 +98,6 @@ class StreamingSource:
                                    cache_bytes=cache.max_bytes)
 
     @property
-    def num_sequences(self) -> int:
-        return int(self._ends[-1])
-
-    @property
-    def sequence_ends(self) -> np.ndarray:
-        """Cumulative sequences per shard, as ShardSource's."""
-        return self._ends
-
-    @property
     def token_bytes(self) -> int:
         return self.dtype.itemsize
 
@@ -124,35 +114,29 @@ class StreamingSource:
     # -- internals -------------------------------------------------------------------------
 
     def _manifest_bytes(self) -> bytes:
-        key = _key(self.prefix, MANIFEST)
-        not_there = f"data source {self.uri}: no {self.bucket.url(key)} (not a data-prep output)"
         try:
-            data = self.bucket.get_bytes(key)
-        except Exception as exc:
-            if error_code(exc) == "NoSuchBucket":
-                raise InputError(not_there) from exc
-            raise StorageError(f"cannot read {self.bucket.url(key)}: {exc}") from exc
-        if data is None:
-            raise InputError(not_there)
-        return data
+            return self.store.read_bytes(MANIFEST)
+        except ObjectMissing as exc:  # no such object, or no such bucket
+            raise InputError(f"data source {self.uri}: no {self.store.join(MANIFEST)} "
+                             "(not a data-prep output)") from exc
 
     def _object_bytes(self, rel: str) -> bytes | None:
         """A small object of the data set (an index, a sidecar), whole; None when it does not exist."""
-        key = _key(self.prefix, "/".join(_safe_parts(rel, self.uri)))
+        rel = "/".join(_safe_parts(rel, self.uri))
         try:
-            return self.bucket.get_bytes(key)
+            return self.store.get_bytes(rel)
         except Exception as exc:
-            raise StorageError(f"cannot read {self.bucket.url(key)}: {exc}") from exc
+            raise StorageError(f"cannot read {self.store.join(rel)}: {exc}") from exc
 
     def _shard(self, entry: ShardEntry) -> _StreamedShard:
-        key = _key(self.prefix, "/".join(_safe_parts(entry.path, self.uri)))
+        key = "/".join(_safe_parts(entry.path, self.uri))  # in the store
         inline = None
         if entry.inline_block_sha256 is not None:
             try:
                 inline = b"".join(bytes.fromhex(block) for block in entry.inline_block_sha256)
             except (TypeError, ValueError) as exc:
-                raise ShardFormatError(f"{self.bucket.url(key)}: manifest.json's block hashes are not hex") from exc
-        return _StreamedShard(key, self.bucket.url(key), entry.tokens, entry.size, entry.block_bytes,
+                raise ShardFormatError(f"{self.store.join(key)}: manifest.json's block hashes are not hex") from exc
+        return _StreamedShard(key, self.store.join(key), entry.tokens, entry.size, entry.block_bytes,
                               max(0, (entry.tokens - 1) // self.seq_len), entry, inline)
 
     def _digests(self, shard: _StreamedShard) -> bytes:
@@ -198,17 +182,9 @@ class StreamingSource:
         start = block * shard.block_bytes
         length = min(shard.block_bytes, shard.size - start)
         try:
-            data, total = self.bucket.get_range_sized(shard.key, start, length)
-        except LmforgeError:
-            raise
-        except Exception as exc:
-            code = error_code(exc)
-            if code in NOT_FOUND_CODES:
-                raise ShardFormatError(f"{shard.url}: listed in manifest.json but not in the bucket") from exc
-            if code == "InvalidRange":
-                raise ShardFormatError(f"{shard.url}: shorter than the manifest's {shard.tokens} tokens "
-                                       f"({shard.size} bytes)") from exc
-            raise StorageError(f"cannot read {shard.url}: {exc}") from exc
+            data, total = self.store.read_range_sized(shard.key, start, length)  # a short object: total says so
+        except ObjectMissing as exc:
+            raise ShardFormatError(f"{shard.url}: listed in manifest.json but not in the bucket") from exc
         if total != shard.size:
             raise ShardFormatError(f"{shard.url}: {total} bytes, the manifest's {shard.tokens} tokens make "
                                    f"{shard.size}; the object is truncated or replaced")
@@ -258,6 +234,3 @@ def _safe_parts(path: str, uri: str) -> list[str]:
         raise ConfigError(f"data source {uri}: '.' and '..' are not allowed in paths")
     return parts
 
-
-def _key(prefix: str, rel: str) -> str:
-    return f"{prefix}/{rel}" if prefix else rel

@@ -4,7 +4,7 @@ tokens sent to their experts' ranks and back with all_to_all (GShard / torchtita
 The ep ranks of a group together compute one MoE forward over the concatenation of their
 tokens (rank 0's first): capacity ceil(capacity_factor·k·N/E) of those N tokens, assignments
 dropped in that global token order, the auxiliary losses and the stats over all N tokens —
-exactly what lmforge.common.moe computes in one process on the concatenated batch. Each rank
+exactly what lmforge.model.moe computes in one process on the concatenated batch. Each rank
 routes its own tokens (the router is replicated), the ranks exchange their per-expert counts
 (one all_gather), and from those counts every rank knows every assignment's global position,
 which are kept and how many rows go to and come from each rank; nothing else is exchanged
@@ -20,7 +20,8 @@ sums the contributions of every ep rank's tokens; divide it by the data-parallel
 (ep included) and sum it over the data-parallel ranks outside ep (`reduce_expert_gradients`;
 FSDP/DDP get the experts as ignored parameters, `expert_parameters`). Every other parameter (the
 router included) is averaged over all data-parallel ranks, as without EP, and
-`clip_grad_norm_expert_parallel` clips by the whole model's norm.
+`clip_grad_norm_with_sharded_experts` clips by the whole model's norm. An ep that does not divide
+the experts is refused by the layout rulebook (lmforge.trainer.layout_rules).
 """
 
 from __future__ import annotations
@@ -34,34 +35,26 @@ from torch.autograd import Function
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from lmforge.common.moe import DispatchPlan as LocalPlan
-from lmforge.common.moe import MoE, Routing, combine, moe_layers
+from lmforge.model.moe import DispatchPlan as LocalPlan
+from lmforge.model.moe import MoE, Routing, combine, moe_layers
+from lmforge.trainer.layout_rules import expert_parallel_problems, refuse
 
 __all__ = [
     "ExpertParallelMoE",
     "apply_expert_parallel",
-    "check_expert_parallel",
-    "clip_grad_norm_expert_parallel",
+    "clip_grad_norm_with_sharded_experts",
     "expert_parameters",
     "reduce_expert_gradients",
 ]
 
 
-def check_expert_parallel(num_experts: int, ep: int) -> None:
-    """Refuses an ep degree that does not divide the experts (call before any process group work)."""
-    if ep < 1 or num_experts % ep:
-        raise ValueError(
-            f"parallel.ep={ep} does not divide the model's num_experts={num_experts}: "
-            "each ep rank holds num_experts/ep experts"
-        )
-
-
 def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh) -> None:
     """Shards every MoE layer of `model` over the 1-D `mesh` (the ep axis), in place. Apply it to
-    a built model whose ranks hold identical weights, before FSDP wraps it."""
+    a built model whose ranks hold identical weights, before FSDP wraps it. A model the rulebook does
+    not split over the mesh's ranks (experts ep does not divide) is refused (ConfigError)."""
     layers = moe_layers(model)
     for layer in layers:
-        check_expert_parallel(layer.config.num_experts, mesh.size())
+        refuse(expert_parallel_problems(mesh.size(), layer.config.num_experts, None))
     for layer in layers:
         if type(layer) is not MoE:
             raise TypeError(f"expert parallelism applies to a plain MoE layer, not {type(layer).__name__}")
@@ -98,7 +91,7 @@ def reduce_expert_gradients(model: nn.Module, data_parallel_size: int, outside_e
         grad.div_(data_parallel_size)
 
 
-def clip_grad_norm_expert_parallel(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grad_norm_with_sharded_experts(model: nn.Module, max_norm: float) -> torch.Tensor:
     """torch's clip_grad_norm_ for a model with sharded experts (after the gradient reductions):
     the norm over every parameter of the whole model, the experts' squares summed over the ep
     group (its ranks hold different experts), the others' as torch computes them (whole, for

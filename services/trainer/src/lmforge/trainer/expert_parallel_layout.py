@@ -1,5 +1,6 @@
-"""Expert parallelism in the trainer (parallel.ep > 1, the MoE option): the refusals at start, the
-ep groups over the data-parallel ranks, and the step's expert-gradient reduction and clipping.
+"""Expert parallelism in the trainer (parallel.ep > 1, the MoE option): the ep groups over the
+data-parallel ranks, and the step's expert-gradient reduction and clipping (what ep must divide is
+the layout rulebook's, lmforge.trainer.layout_rules).
 
 EP ranks are data-parallel ranks (torchtitan's layout): each reads its own batch, and the ep ranks
 of a group run one MoE forward over their concatenated tokens (lmforge.trainer.expert_parallel).
@@ -18,8 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from lmforge.common.model_config import GPTConfig
-from lmforge.trainer.mesh_layout import MeshLayout
+from lmforge.trainer.layout_rules import MeshLayout
 
 
 @dataclass(frozen=True)
@@ -27,24 +27,6 @@ class ExpertParallelGroups:
     mesh: DeviceMesh  # 1-D: this rank's ep group
     outside_ep: dist.ProcessGroup | None  # the data-parallel ranks holding the same experts (None: no others)
     data_parallel_size: int
-
-
-def expert_parallel_problems(model: GPTConfig, layout: MeshLayout) -> list[str]:
-    """Why this model does not split over ep ranks (empty: it does); each names parallel.ep."""
-    ep = layout.ep
-    if ep == 1:
-        return []
-    if model.moe is None:
-        return [f"parallel.ep={ep}: expert parallelism shards a mixture-of-experts model's experts, "
-                "but this model is dense (no model.moe)"]
-    problems = []
-    if model.moe.num_experts % ep:
-        problems.append(f"parallel.ep={ep} does not divide the model's num_experts={model.moe.num_experts}: "
-                        "each ep rank holds num_experts/ep experts")
-    if layout.dp_shard % ep:
-        problems.append(f"parallel.ep={ep} must divide dp_shard={layout.dp_shard}: the trainer's ep groups "
-                        "are dp_shard ranks (not context-parallel ones)")
-    return problems
 
 
 def build_expert_parallel_groups(world: DeviceMesh | None, layout: MeshLayout) -> ExpertParallelGroups | None:
@@ -62,11 +44,12 @@ def build_expert_parallel_groups(world: DeviceMesh | None, layout: MeshLayout) -
     return ExpertParallelGroups(split["ep"], outside_ep, layout.dp_replicate * layout.dp_shard)
 
 
-def clip_gradients_expert_parallel(model: nn.Module, groups: ExpertParallelGroups, max_norm: float) -> torch.Tensor:
+def reduce_expert_gradients_then_clip(model: nn.Module, groups: ExpertParallelGroups,
+                                      max_norm: float) -> torch.Tensor:
     """After the step's backward passes: the expert gradients reduced over the data-parallel ranks
     (FSDP reduced the rest), then every gradient clipped by the whole model's norm, returned."""
     # imported here: its DTensor import is start-up time that a process refusing its layout need not pay
-    from lmforge.trainer.expert_parallel import clip_grad_norm_expert_parallel, reduce_expert_gradients
+    from lmforge.trainer.expert_parallel import clip_grad_norm_with_sharded_experts, reduce_expert_gradients
 
     reduce_expert_gradients(model, groups.data_parallel_size, groups.outside_ep)
-    return clip_grad_norm_expert_parallel(model, max_norm)
+    return clip_grad_norm_with_sharded_experts(model, max_norm)

@@ -10,12 +10,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from lmforge.common import hf_config, hf_package, model_package
 from lmforge.common.checkpoint_layout import BAD_MARKER, COMMIT_MARKER
 from lmforge.common.errors import ConfigError, InputError, StorageError
-from lmforge.common.hf_tokenizer import DEFAULT_EOS
-from lmforge.common.model import GPT, GPTConfig
 from lmforge.common.storage import S3Store, scheme_of
+from lmforge.model import hf_config, hf_package
+from lmforge.model import package as model_package
+from lmforge.model.config import GPTConfig
+from lmforge.model.hf_tokenizer import DEFAULT_EOS
+from lmforge.model.transformer import GPT
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.config import TrainConfig
 

@@ -1,7 +1,7 @@
 """Float8 training with torchao (torchao.float8), applied as torchtitan's float8 converter does.
 
 `apply_float8` swaps the model's Linear layers for torchao's Float8Linear before TP and FSDP
-(lmforge.trainer.parallel.parallelize): their matmuls run in float8 with dynamic scales (one
+(lmforge.trainer.parallelize.parallelize): their matmuls run in float8 with dynamic scales (one
 per tensor, or per row), the weights stay in their dtype. The output head stays in bf16 (its
 logits feed the loss; torchtitan keeps `output` out too), as does any Linear whose dimensions
 are not multiples of 16 (torch._scaled_mm's rule). With tensorwise scaling under FSDP/HSDP the
@@ -9,7 +9,8 @@ sharded weights are all-gathered in float8 and their scales are computed once af
 optimizer step (`precompute_float8_scales`) instead of once per all-gather.
 
 Hardware: float8 matmuls need CUDA compute capability 8.9 or later (H100, H200, L4, L40S, …);
-`float8_problems` refuses older GPUs before the run starts. torch 2.13 also has CPU kernels
+`float8_problems` refuses older GPUs before the run starts (float8 with tensor parallelism, not
+wired, is the layout rulebook's refusal: lmforge.trainer.layout_rules). torch 2.13 also has CPU kernels
 for torch._scaled_mm, so the same conversion runs (slowly, emulated) on CPU: the tests train with
 it there.
 """
@@ -25,15 +26,14 @@ from torch import nn
 
 from lmforge.common.errors import ConfigError
 from lmforge.trainer.config import Float8Section, TrainConfig
-from lmforge.trainer.mesh_layout import trainer_layout
 
 MIN_CAPABILITY = (8, 9)
-HEAD = "lm_head"  # lmforge.common.model.GPT's output layer
+HEAD = "lm_head"  # lmforge.model.transformer.GPT's output layer
 
 
 def float8_problems(section: Float8Section, device_type: str, capability: tuple[int, int] | None = None,
-                    device_name: str = "", tp: int = 1) -> list[str]:
-    """Why this float8 section cannot run here (empty when it can, or when it is off)."""
+                    device_name: str = "") -> list[str]:
+    """Why this float8 section cannot run on this device (empty when it can, or when it is off)."""
     if not section.enabled:
         return []
     problems = []
@@ -41,10 +41,6 @@ def float8_problems(section: Float8Section, device_type: str, capability: tuple[
         problems.append(f"float8.enabled needs CUDA compute capability >= {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} "
                         f"(H100, H200, L4, L40S, …); this GPU ({device_name or 'cuda'}) is "
                         f"{capability[0]}.{capability[1]}: set float8.enabled=false")
-    if tp > 1:
-        # torchtitan pairs float8 with its own TP plans (Float8ColwiseParallel, …); those are not wired here.
-        problems.append(f"float8.enabled with parallel.tp={tp}: float8 tensor parallelism is not wired; "
-                        "set parallel.tp=1 or float8.enabled=false")
     return problems
 
 
@@ -52,9 +48,8 @@ def refuse_unsupported_float8(config: TrainConfig) -> None:
     """A float8 run this machine cannot do fails before any process group work (exit 2, one line)."""
     if not config.float8.enabled:
         return
-    layout = trainer_layout(config.parallel, int(os.environ.get("WORLD_SIZE", "1")))
     capability, name = cuda_capability(config.device, int(os.environ.get("LOCAL_RANK", "0")))
-    problems = float8_problems(config.float8, "cuda" if capability else "cpu", capability, name, layout.tp)
+    problems = float8_problems(config.float8, "cuda" if capability else "cpu", capability, name)
     if problems:
         raise ConfigError(problems[0])
 

@@ -1,6 +1,6 @@
 """`model.init_from`: continued pretraining from a model package, lmforge's own or a Hugging
 Face transformers directory of a supported architecture (Llama, Qwen3, Mixtral, Qwen3-MoE,
-GPT-NeoX, GPT-2; lmforge.common.hf_package). The package gives the architecture (the preset is
+GPT-NeoX, GPT-2; lmforge.model.hf_package). The package gives the architecture (the preset is
 not used) and the initial weights; `model.overrides` may change what leaves the weights' shapes
 alone (dropout, the MoE training options, the context length of a rotary model)."""
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmforge.common.errors import ConfigError
-from lmforge.common.model import GPT, GPTConfig
-from lmforge.common.model_package import load_package
 from lmforge.common.storage import scheme_of
+from lmforge.model.config import GPTConfig
+from lmforge.model.package import load_package
+from lmforge.model.transformer import GPT
 from lmforge.trainer.config import ModelSection
 
 

@@ -1,68 +1,64 @@
-"""The trainer's device mesh as named axes, `parallel: {dp_replicate, dp_shard, tp, pp, cp, ep}`
-(`lmforge-train plan` writes its recommendation in them), resolved against the
-world size and checked before any process group exists.
+"""The trainer's `parallel:` section, `{dp_replicate, dp_shard, tp, pp, cp, ep}` (`lmforge-train plan`
+writes its recommendation in them), resolved against the world size into a layout
+(lmforge.trainer.layout_rules.MeshLayout) and checked before any process group exists.
 
 dp_replicate × dp_shard × tp × pp × cp is the world size; one of them may be -1, the rest of it.
-ep borrows its ranks from dp_shard × cp (torchtitan's expert parallelism), so it must divide
-them and adds none. `mode`, the older form, names the data-parallel wrapper and fills its axis:
-ddp fills dp_replicate, fsdp dp_shard, hsdp dp_shard with dp_replicate = replicate_degree (the
-same axis). Without `mode` the wrapper follows the degrees: ddp when only dp_replicate > 1, fsdp
-when dp_shard > 1, hsdp when both; cp > 1 counts as dp_shard's (FSDP shards over dp_shard × cp).
-The trainer runs every axis: tp with FSDP or HSDP or alone (torch's DDP takes no DTensor
-parameters), cp under FSDP or HSDP, pp (lmforge.trainer.pipeline_training) without DDP, and ep
-for the MoE option. The DeviceMesh's axes are in MESH_ORDER: pp outermost, tp innermost (a tp
-group is consecutive ranks, inside a node), as torchtitan's.
+`mode`, the older form, names the data-parallel wrapper and fills its axis: ddp fills
+dp_replicate, fsdp dp_shard, hsdp dp_shard with dp_replicate = replicate_degree (the same axis).
+Without `mode` the wrapper follows the degrees (layout_rules.wrapper_mode). What a layout may
+split, and with which wrapper, is the rulebook's (lmforge.trainer.layout_rules): `trainer_layout`
+refuses what it refuses without the model and the sequence length.
+
+The section is read through `ParallelSettings` (the fields used here), so this module does not
+import lmforge.trainer.config, which imports it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from lmforge.common.errors import ConfigError
+from lmforge.trainer.layout_rules import (
+    MESH_AXES,
+    MESH_ORDER,
+    WORLD_AXES,
+    MeshLayout,
+    layout_problems,
+    refuse,
+    wrapper_mode,
+)
 
-if TYPE_CHECKING:
-    from lmforge.trainer.config import ParallelSection
+# MESH_AXES, MESH_ORDER, MeshLayout and wrapper_mode are the rulebook's, named here too for older imports.
+__all__ = [
+    "FILL", "MESH_AXES", "MESH_ORDER", "MODE_FILLS", "WORLD_AXES", "MeshLayout", "ParallelSettings",
+    "resolve_layout", "section_problems", "trainer_layout", "wrapper_mode",
+]
 
-MESH_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
-WORLD_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")  # their product is the world size
-MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # the DeviceMesh's dimensions, outermost first
 FILL = -1
 MODE_FILLS = {"ddp": "dp_replicate", "fsdp": "dp_shard", "hsdp": "dp_shard"}  # the axis each mode fills
 
 
-@dataclass(frozen=True)
-class MeshLayout:
-    """The degrees with -1 filled in, and the data-parallel wrapper around the model."""
+class ParallelSettings(Protocol):
+    """The fields of lmforge.trainer.config.ParallelSection read here."""
 
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    mode: str = "none"
-
-    @property
-    def world_size(self) -> int:
-        return math.prod(getattr(self, axis) for axis in WORLD_AXES)
-
-    def axes(self) -> dict[str, int]:
-        return {axis: getattr(self, axis) for axis in MESH_AXES}
+    mode: str | None
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    replicate_degree: int
+    pp_microbatches: int | None
+    pp_schedule: str
+    pp_virtual_stages: int
+    activation_checkpointing: bool
+    compile: bool
 
 
-def wrapper_mode(degrees: Mapping[str, int]) -> str:
-    """The data-parallel wrapper the (filled) degrees call for."""
-    # context parallelism runs under FSDP over dp_shard × cp (whose reduce-scatter sums the cp ranks' gradients)
-    replicate, shard = degrees["dp_replicate"] > 1, degrees["dp_shard"] > 1 or degrees["cp"] > 1
-    if shard:
-        return "hsdp" if replicate else "fsdp"
-    return "ddp" if replicate else "none"
-
-
-def section_problems(parallel: ParallelSection) -> list[str]:
+def section_problems(parallel: ParallelSettings) -> list[str]:
     """What is wrong with the section whatever the world size (checked when the config loads)."""
     degrees, problems = _requested(parallel)
     fills = [axis for axis in WORLD_AXES if degrees[axis] == FILL]
@@ -79,8 +75,11 @@ def section_problems(parallel: ParallelSection) -> list[str]:
     return problems
 
 
-def resolve_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
-    """The section's degrees at this world size; ConfigError naming the axis and the world size."""
+def resolve_layout(parallel: ParallelSettings, world_size: int, *, micro_batch: int = 1,
+                   grad_accum: int = 1) -> MeshLayout:
+    """The section's layout at this world size (ConfigError naming the axis and the world size):
+    its degrees, activation checkpointing, and the micro-batches per step: the pipeline's
+    (pp_microbatches, default pp) with pp > 1, else grad_accum's; micro_batch is data.batch_size."""
     degrees, _ = _requested(parallel)
     problems = section_problems(parallel)
     if problems:
@@ -102,36 +101,25 @@ def resolve_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
             "(dp_replicate × dp_shard × tp × pp × cp must equal it; one axis may be -1, the rest of it: "
             "e.g. parallel.dp_shard=-1 shards over every rank)"
         )
-    shard_ranks = degrees["dp_shard"] * degrees["cp"]
-    if shard_ranks % degrees["ep"]:
-        raise ConfigError(
-            f"parallel.ep={degrees['ep']} must divide dp_shard × cp = {shard_ranks} at world size "
-            f"{world_size}: expert parallelism borrows its ranks from them"
-        )
     if parallel.pp_microbatches is not None and degrees["pp"] == 1:  # pp=-1 filled to 1
         raise ConfigError(f"parallel.pp_microbatches is for a pipeline, but pp fills to 1 at world size {world_size}")
-    return MeshLayout(**degrees, mode=parallel.mode or wrapper_mode(degrees))
+    microbatches = (parallel.pp_microbatches or degrees["pp"]) if degrees["pp"] > 1 else grad_accum
+    return MeshLayout(**degrees, micro_batch=micro_batch, microbatches=microbatches,
+                      activation_checkpointing=parallel.activation_checkpointing,
+                      mode=parallel.mode or wrapper_mode(degrees))
 
 
-def trainer_layout(parallel: ParallelSection, world_size: int) -> MeshLayout:
-    """The layout the trainer runs: resolved, and refused (one line) for a combination it does not run."""
-    layout = resolve_layout(parallel, world_size)
-    if layout.cp > 1 and layout.mode in ("none", "ddp"):
-        raise ConfigError(
-            f"parallel.cp={layout.cp} with parallel.mode {layout.mode} (world size {world_size}): context "
-            "parallelism runs under FSDP over dp_shard × cp, which sums the cp ranks' gradients; leave mode "
-            "out or use fsdp or hsdp"
-        )
-    if layout.tp > 1 and layout.mode == "ddp":
-        raise ConfigError(
-            f"parallel.tp={layout.tp} with DDP (dp_replicate={layout.dp_replicate}, world size {world_size}): "
-            "torch's DDP takes no tensor-parallel (DTensor) parameters; use dp_shard (FSDP) or hsdp for the "
-            "data-parallel axis"
-        )
+def trainer_layout(parallel: ParallelSettings, world_size: int, *, micro_batch: int = 1,
+                   grad_accum: int = 1) -> MeshLayout:
+    """The layout the trainer runs: resolved, and refused (one line) for what the rulebook refuses
+    without the model and the sequence length (the wrapper, ep's ranks, the pipeline's schedule)."""
+    layout = resolve_layout(parallel, world_size, micro_batch=micro_batch, grad_accum=grad_accum)
+    refuse(layout_problems(layout, None, None, world_size, pp_schedule=parallel.pp_schedule,
+                           pp_virtual_stages=parallel.pp_virtual_stages, compiled=parallel.compile))
     return layout
 
 
-def _requested(parallel: ParallelSection) -> tuple[dict[str, int], list[str]]:
+def _requested(parallel: ParallelSettings) -> tuple[dict[str, int], list[str]]:
     """The degrees asked for with `mode` applied (-1 not yet filled), and where mode and axes disagree."""
     degrees = {axis: getattr(parallel, axis) for axis in MESH_AXES}
     mode, problems = parallel.mode, []
@@ -155,7 +143,7 @@ def _requested(parallel: ParallelSection) -> tuple[dict[str, int], list[str]]:
     return degrees, problems
 
 
-def _product(degrees: Mapping[str, int], fill: str | None, parallel: ParallelSection) -> str:
+def _product(degrees: Mapping[str, int], fill: str | None, parallel: ParallelSettings) -> str:
     """The fixed axes above 1 as `dp_replicate=2 × tp=4` (all axes when none is)."""
     named = [f"{axis}={degrees[axis]}" for axis in WORLD_AXES if axis != fill and degrees[axis] > 1]
     text = " × ".join(named) or " × ".join(f"{axis}=1" for axis in WORLD_AXES if axis != fill)

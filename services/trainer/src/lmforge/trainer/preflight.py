@@ -41,7 +41,7 @@ from lmforge.common.errors import ConfigError, LmforgeError
 from lmforge.common.logging import get_logger
 from lmforge.trainer.config import ENV_PREFIX, ParallelSection, PreflightSection, TrainConfig
 from lmforge.trainer.launch import die_with_launcher
-from lmforge.trainer.parallel import Dist, init_distributed
+from lmforge.trainer.parallelize import Dist, init_distributed
 from lmforge.trainer.process_exit import frozen_exit
 
 FAULT_ENV = "LMFORGE_TRAINER_PREFLIGHT_FAULT"

@@ -5,7 +5,7 @@ line charts, one line per attempt, so the steps a resumed attempt computed again
 first attempt's; committed checkpoints and each resume point are marked on every chart. Inline
 CSS, no JavaScript, nothing fetched: the page opens from a laptop, a ticket or a bucket as it is.
 This module computes what the page shows; templates/report.html lays it out (autoescaped, on the
-shared layout of lmforge.common.html_pages).
+shared layout of lmforge.pages.html_pages).
 
 The trainer rewrites it (rank 0) at each committed checkpoint and when the attempt ends;
 `lmforge-train report --run-dir DIR` draws it from any metrics.jsonl.
@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmforge.common.chart_axes import nice_ticks
-from lmforge.common.formatting import duration, number, percent
-from lmforge.common.html_pages import render
-from lmforge.common.line_chart import Frame, LegendItem, Line, LineChart, Marker, line_chart
 from lmforge.common.storage import atomic_write_bytes
+from lmforge.pages.chart_axes import nice_ticks
+from lmforge.pages.formatting import duration, number, percent
+from lmforge.pages.html_pages import render
+from lmforge.pages.line_chart import Frame, LegendItem, Line, LineChart, Marker, line_chart
 from lmforge.trainer.mesh_layout import MESH_AXES
 from lmforge.trainer.metrics_file import attempt_of, by_attempt, latest_per_step, read_records
 

@@ -12,7 +12,7 @@ from lmforge.common.logging import get_logger
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.metrics import TrainMetrics
 from lmforge.trainer.metrics_file import MetricsFile
-from lmforge.trainer.parallel import Dist
+from lmforge.trainer.parallelize import Dist
 from lmforge.trainer.report_html import ReportRefresher
 from lmforge.trainer.tracking import open_trackers
 

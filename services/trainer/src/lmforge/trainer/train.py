@@ -23,36 +23,37 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lmforge.common.errors import ConfigError, LmforgeError
-from lmforge.common.model import GPT, GPTConfig, flops_per_token, parameter_counts
-from lmforge.common.moe import update_router_biases
+from lmforge.common.errors import LmforgeError
 from lmforge.common.storage import scheme_of
+from lmforge.model.config import GPTConfig
+from lmforge.model.moe import update_router_biases
+from lmforge.model.transformer import GPT, flops_per_token, parameter_counts
 from lmforge.trainer import faults
 from lmforge.trainer.block_cache import BlockCache
 from lmforge.trainer.config import TrainConfig
-from lmforge.trainer.context_parallel import context_parallel_forward, context_parallel_problems
+from lmforge.trainer.context_parallel import context_parallel_forward
 from lmforge.trainer.data import SampleRef
 from lmforge.trainer.data_stream import open_sources, read_batch
-from lmforge.trainer.expert_parallel_layout import clip_gradients_expert_parallel, expert_parallel_problems
+from lmforge.trainer.expert_parallel_layout import reduce_expert_gradients_then_clip
 from lmforge.trainer.float8 import precompute_float8_scales, refuse_unsupported_float8
 from lmforge.trainer.init_from import initial_weights, load_initial_state
-from lmforge.trainer.mesh_layout import MeshLayout, trainer_layout
+from lmforge.trainer.layout_rules import MeshLayout, ModelDims, layout_problems, refuse
+from lmforge.trainer.mesh_layout import trainer_layout
 from lmforge.trainer.metrics import device_peak_flops, peak_memory_bytes, state_bytes
 from lmforge.trainer.optim import build_optimizer, learning_rate
-from lmforge.trainer.parallel import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
-from lmforge.trainer.parallelize import loss_context, replicated_value, tensor_parallel_problems
-from lmforge.trainer.pipeline import bubble_fraction
-from lmforge.trainer.pipeline_training import (
+from lmforge.trainer.parallelize import Dist, all_reduce_mean, autocast_context, init_distributed, parallelize
+from lmforge.trainer.pipeline_parallel import bubble_fraction
+from lmforge.trainer.pipeline_parallel_training import (
     PipelineModel,
     build_pipeline_model,
     pipeline_microbatches,
-    refuse_unrunnable_pipeline,
 )
 from lmforge.trainer.prefetch import Prefetcher
 from lmforge.trainer.preflight import run_preflight
 from lmforge.trainer.profiling import StepProfiler
 from lmforge.trainer.run_log import RunLog
 from lmforge.trainer.sampling import BlockSampler, GlobalSampler, Sampler
+from lmforge.trainer.tensor_parallel import loss_context, replicated_value
 
 # What the prefetcher yields: (batch index, tokens, where each sequence came from, seconds waited).
 Batches = Iterator[tuple[int, torch.Tensor, list[SampleRef], float]]
@@ -97,7 +98,7 @@ def evaluate(model, sampler: Sampler, config: TrainConfig, ctx: Dist) -> float:
     """Mean loss over the same eval_batches val batches every time (all ranks)."""
     model.eval()
     total = torch.zeros((), device=ctx.device)
-    batch_size = config.data.batch_size * pipeline_microbatches(config.parallel, ctx.layout)
+    batch_size = config.data.batch_size * pipeline_microbatches(ctx.layout)
     for index in range(config.eval_batches):
         tokens, _ = read_batch(sampler, index, ctx.dp_rank, ctx.dp_size, batch_size)
         batch = torch.from_numpy(tokens).to(ctx.device)
@@ -129,7 +130,8 @@ def train(config: TrainConfig) -> list[float]:
     """Train for config.steps; returns the per-step (all-rank mean) losses of this process's steps."""
     refuse_unsplittable_model(config)
     refuse_unsupported_float8(config)
-    ctx = init_distributed(config.device, config.parallel)
+    ctx = init_distributed(config.device, config.parallel, micro_batch=config.data.batch_size,
+                           grad_accum=config.grad_accum)
     try:
         if config.preflight.enabled:
             run_preflight(ctx, config.preflight, timedelta(seconds=config.parallel.timeout_seconds))
@@ -148,28 +150,23 @@ def train(config: TrainConfig) -> list[float]:
 
 
 def refuse_unsplittable_model(config: TrainConfig) -> None:
-    """A model the layout does not divide (heads by tp, the sequence by 2·cp, …) fails before any process
-    group work, naming the axis (init_from's shape and the data's vocabulary are checked when the model is built)."""
-    layout = trainer_layout(config.parallel, int(os.environ.get("WORLD_SIZE", "1")))
-    if config.model.init_from:
-        problems = context_parallel_problems(layout.cp, layout.tp, config.data.seq_len, None)
-        if problems:
-            raise ConfigError(problems[0])
-        return
-    refuse_model_the_layout_cannot_split(config.model.build(), config, layout, vocabulary=False)
+    """A layout the trainer does not run for this model (heads by tp, the sequence by 2·cp, …) fails before any
+    process group work, naming the axis (init_from's shape and the data's vocabulary are checked when the model
+    is built)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    layout = trainer_layout(config.parallel, world_size, micro_batch=config.data.batch_size,
+                            grad_accum=config.grad_accum)
+    model = None if config.model.init_from else ModelDims.of(config.model.build(), vocabulary=False)
+    refuse_unrunnable_layout(layout, model, config, world_size)
 
 
-def refuse_model_the_layout_cannot_split(model_config: GPTConfig, config: TrainConfig, layout: MeshLayout, *,
-                                         vocabulary: bool = True) -> None:
-    """ConfigError (one line, naming the axis) for the first axis the model does not divide: heads, kv heads
-    and sequence by tp, the sequence by 2·cp, the experts by ep, the layers by the pipeline's chunks."""
-    seq_len = config.data.seq_len
-    problems = [*tensor_parallel_problems(model_config, layout.tp, seq_len, vocabulary=vocabulary),
-                *context_parallel_problems(layout.cp, layout.tp, seq_len, model_config),
-                *expert_parallel_problems(model_config, layout)]
-    if problems:
-        raise ConfigError(problems[0])
-    refuse_unrunnable_pipeline(model_config, config.parallel, layout)
+def refuse_unrunnable_layout(layout: MeshLayout, model: ModelDims | None, config: TrainConfig, world_size: int) -> None:
+    """ConfigError (one line, naming the axis) for the rulebook's first problem with this layout, model
+    (None: not known yet) and run."""
+    parallel = config.parallel
+    refuse(layout_problems(layout, model, config.data.seq_len, world_size, pp_schedule=parallel.pp_schedule,
+                           pp_virtual_stages=parallel.pp_virtual_stages, compiled=parallel.compile,
+                           float8=config.float8.enabled))
 
 
 class Trainer:
@@ -185,7 +182,7 @@ class Trainer:
             model_config, self.initial_state = initial_weights(config.model, source.vocab_size, source.tokenizer_sha256)
         else:
             model_config = config.model.build(vocab_size=source.vocab_size)
-        self.microbatches = pipeline_microbatches(config.parallel, ctx.layout)  # 1 without a pipeline
+        self.microbatches = pipeline_microbatches(ctx.layout)  # 1 without a pipeline
         self.pipeline_bubble = (
             {"pipeline_bubble": bubble_fraction(ctx.layout.pp, self.microbatches, config.parallel.pp_virtual_stages)}
             if ctx.layout.pp > 1 else {}
@@ -231,7 +228,7 @@ class Trainer:
             load_initial_state(model, self.initial_state)
             self.initial_state = None
         # again, with the vocabulary and model.init_from's shape known now
-        refuse_model_the_layout_cannot_split(model_config, self.config, ctx.layout)
+        refuse_unrunnable_layout(ctx.layout, ModelDims.of(model_config), self.config, ctx.world_size)
         model = model.to(ctx.device)
         self.moe_stats = model.moe_stats  # on the GPT itself: DDP and compile wrap it
         n_params = model.num_params()
@@ -324,7 +321,7 @@ class Trainer:
             data_wait += waited
             step_loss += self.forward_backward(batch, last=micro == self.config.grad_accum - 1)
         if self.ctx.experts is not None:  # the expert gradients are reduced here, not by FSDP
-            norm = clip_gradients_expert_parallel(self.model, self.ctx.experts, self.config.optim.grad_clip)
+            norm = reduce_expert_gradients_then_clip(self.model, self.ctx.experts, self.config.optim.grad_clip)
         elif isinstance(self.model, PipelineModel):  # the norm over every stage's parameters
             norm = self.model.clip_grad_norm(self.config.optim.grad_clip)
         else:

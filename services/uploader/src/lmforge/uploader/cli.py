@@ -7,28 +7,37 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import urlparse
 
 from lmforge.common.cli import ServiceCli
+from lmforge.common.errors import ConfigError
 from lmforge.common.logging import get_logger
-from lmforge.uploader.config import UploaderConfig, load_uploader_config
+from lmforge.common.retry import RetryPolicy
+from lmforge.common.storage import Store, open_store
+from lmforge.uploader.config import TransferSection, UploaderConfig, load_uploader_config
 from lmforge.uploader.metrics import UploaderMetrics
-from lmforge.uploader.objectstore import open_destination
 from lmforge.uploader.restore import restore
-from lmforge.uploader.retry import RetryPolicy
 from lmforge.uploader.watcher import CheckpointUploader
 
 log = get_logger("uploader")
 
 
-def _retry(config: UploaderConfig) -> RetryPolicy:
-    return RetryPolicy(config.transfer.max_attempts, config.transfer.backoff_seconds,
-                       config.transfer.backoff_max_seconds)
+def open_destination(uri: str, transfer: TransferSection, retry: RetryPolicy | None = None,
+                     endpoint_url: str | None = None) -> Store:
+    """The checkpoints' store: s3://BUCKET/PREFIX, moved with the transfer settings and `retry`
+    (default: the transfer settings' policy, logged as the uploader), or file:///PATH."""
+    parsed = urlparse(uri)
+    if not ((parsed.scheme == "s3" and parsed.netloc) or (parsed.scheme == "file" and parsed.path)):
+        raise ConfigError(f"destination {uri!r}: expected s3://BUCKET/PREFIX or file:///PATH")
+    return open_store(uri, endpoint_url=endpoint_url, part_size=transfer.part_size, concurrency=transfer.concurrency,
+                      connect_timeout=transfer.connect_timeout_seconds, read_timeout=transfer.read_timeout_seconds,
+                      retry=retry or transfer.policy(log=log))
 
 
 def cmd_watch(args: argparse.Namespace, config: UploaderConfig) -> int:
     if args.node_rank != 0:
         return _stand_by(args.command, args.node_rank)
-    retry = _retry(config)
+    retry = config.transfer.policy(log=log)
     destination = open_destination(args.dest, config.transfer, retry, args.endpoint_url)
     metrics = UploaderMetrics()
     if config.metrics_port:
@@ -50,7 +59,7 @@ def cmd_watch(args: argparse.Namespace, config: UploaderConfig) -> int:
 def cmd_restore(args: argparse.Namespace, config: UploaderConfig) -> int:
     if args.node_rank != 0:
         return _stand_by(args.command, args.node_rank)
-    destination = open_destination(args.src, config.transfer, _retry(config), args.endpoint_url)
+    destination = open_destination(args.src, config.transfer, endpoint_url=args.endpoint_url)
     destination.check()
     try:
         step = restore(destination, Path(args.dir), args.step)

@@ -5,18 +5,21 @@ from __future__ import annotations
 from pydantic import Field
 
 from lmforge.common.config import StrictModel, load_config
+from lmforge.common.retry import RetrySettings
 
 ENV_PREFIX = "LMFORGE_UPLOADER"
 MIB = 1 << 20
 
 
-class TransferSection(StrictModel):
+class TransferSection(RetrySettings):
+    """How checkpoint files move to and from the object store; `attempts`, `backoff_seconds` and
+    `backoff_max_seconds` (RetrySettings, defaults 8, 0.2 s, 20 s) retry each request."""
+
+    renamed = {"max_attempts": "attempts"}
+
     part_size_mb: int = Field(8, ge=5, le=5120, description="multipart part size; grows so a file needs at most "
                               "10,000 parts (S3: 5 MiB to 5 GiB)")
     concurrency: int = Field(10, ge=1, le=64, description="parts in flight at once")
-    max_attempts: int = Field(8, ge=1, description="tries per request before the upload fails")
-    backoff_seconds: float = Field(0.2, gt=0, description="first retry delay; doubles, with full jitter")
-    backoff_max_seconds: float = Field(20.0, gt=0)
     connect_timeout_seconds: float = Field(10.0, gt=0)
     read_timeout_seconds: float = Field(60.0, gt=0)
 

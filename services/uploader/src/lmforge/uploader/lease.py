@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from lmforge.common.logging import get_logger
+from lmforge.common.storage import Store
 
 LEASE_PREFIX = "checkpoints/.uploaders/"
 EVERYTHING = frozenset({""})  # what an unreadable lease is taken to claim
@@ -49,7 +50,7 @@ class Claims:
 
 
 class UploadLease:
-    def __init__(self, destination, identity: str, stale_seconds: float):
+    def __init__(self, destination: Store, identity: str, stale_seconds: float):
         self.dest = destination
         self.identity = identity or default_identity()
         self.rel = LEASE_PREFIX + re.sub(r"[^A-Za-z0-9._-]", "_", self.identity) + ".json"

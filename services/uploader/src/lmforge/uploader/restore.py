@@ -31,7 +31,7 @@ from lmforge.common.checkpoint_layout import (
 )
 from lmforge.common.errors import InputError, ShardFormatError
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import atomic_write_bytes, sha256_file
+from lmforge.common.storage import Store, atomic_write_bytes, sha256_file
 from lmforge.uploader.manifest import MANIFEST, local_mismatch, parse_manifest, remote_step_prefix
 
 log = get_logger("uploader")
@@ -41,17 +41,17 @@ class CorruptCheckpoint(ShardFormatError):
     pass
 
 
-def remote_steps(destination) -> tuple[list[int], set[int]]:
+def remote_steps(destination: Store) -> tuple[list[int], set[int]]:
     """Steps with a manifest in the store, ascending, and those of them marked BAD there."""
     found: dict[str, set[int]] = {MANIFEST: set(), BAD_MARKER: set()}
-    for rel in destination.list("checkpoints/"):
+    for rel in destination.listing("checkpoints/"):
         parts = rel.split("/")
         if len(parts) == 3 and parts[2] in found and (step := parse_step(parts[1])) is not None:
             found[parts[2]].add(step)
     return sorted(found[MANIFEST]), found[MANIFEST] & found[BAD_MARKER]
 
 
-def _marked_bad(destination, local_dir: Path, step: int, bad_in_store: set[int]) -> str | None:
+def _marked_bad(destination: Store, local_dir: Path, step: int, bad_in_store: set[int]) -> str | None:
     if step in bad_in_store:
         return f"marked {BAD_MARKER} in the store ({destination.uri}/{remote_step_prefix(step)}{BAD_MARKER})"
     if (step_dir(local_dir, step) / BAD_MARKER).exists():
@@ -59,7 +59,7 @@ def _marked_bad(destination, local_dir: Path, step: int, bad_in_store: set[int])
     return None
 
 
-def restore(destination, local_dir: Path, step: int | None = None, parallel_files: int = 4) -> int | None:
+def restore(destination: Store, local_dir: Path, step: int | None = None, parallel_files: int = 4) -> int | None:
     """Returns the restored step, or None when the store holds no checkpoint (a fresh start)."""
     local_dir.mkdir(parents=True, exist_ok=True)
     available, bad_in_store = remote_steps(destination)
@@ -95,7 +95,7 @@ def restore(destination, local_dir: Path, step: int | None = None, parallel_file
     return None
 
 
-def _manifest(destination, step: int) -> dict:
+def _manifest(destination: Store, step: int) -> dict:
     where = f"{destination.uri}/{remote_step_prefix(step)}"
     data = destination.get_bytes(remote_step_prefix(step) + MANIFEST)
     if data is None:
@@ -103,17 +103,17 @@ def _manifest(destination, step: int) -> dict:
     return parse_manifest(data, where + MANIFEST)
 
 
-def _restore_step(destination, local_dir: Path, step: int, manifest: dict, parallel_files: int) -> None:
+def _restore_step(destination: Store, local_dir: Path, step: int, manifest: dict, parallel_files: int) -> None:
     where = f"{destination.uri}/{remote_step_prefix(step)}"
-    listing = destination.list(remote_step_prefix(step))
+    sizes = {rel: stored.size for rel, stored in destination.listing(remote_step_prefix(step)).items()}
     temp = local_dir / f".restore-{step_name(step)}"
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(parents=True)
     try:
         def fetch(entry) -> None:
             key = remote_step_prefix(step) + entry.path
-            if listing.get(key) != entry.size:
-                raise CorruptCheckpoint(f"{where}{entry.path}: size in store {listing.get(key)} != manifest "
+            if sizes.get(key) != entry.size:
+                raise CorruptCheckpoint(f"{where}{entry.path}: size in store {sizes.get(key)} != manifest "
                                         f"{entry.size}")
             path = temp / entry.path
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,7 @@ from lmforge.common.checkpoint_layout import (
 from lmforge.common.errors import LmforgeError
 from lmforge.common.logging import get_logger
 from lmforge.common.retry import Cancelled
-from lmforge.common.storage import atomic_write_bytes
+from lmforge.common.storage import Store, atomic_write_bytes
 from lmforge.uploader.config import UploaderConfig
 from lmforge.uploader.lease import Claims, UploadLease
 from lmforge.uploader.manifest import (
@@ -116,7 +116,8 @@ def is_final(meta: dict) -> bool:
 
 
 class CheckpointUploader:
-    def __init__(self, local_dir: Path, destination, config: UploaderConfig, metrics: UploaderMetrics | None = None):
+    def __init__(self, local_dir: Path, destination: Store, config: UploaderConfig,
+                 metrics: UploaderMetrics | None = None):
         self.local_dir = local_dir
         self.dest = destination
         self.config = config
@@ -139,7 +140,7 @@ class CheckpointUploader:
     def remote_manifests(self) -> dict[int, dict]:
         """Steps with a manifest in the store → the manifest. One listing per call; a
         manifest never changes once written, so each is fetched only the first time."""
-        listing = self.dest.list("checkpoints/")
+        listing = self.dest.listing("checkpoints/")
         manifests = {}
         self._remote_bad = {step for rel in listing if len(parts := rel.split("/")) == 3 and parts[2] == BAD_MARKER
                             and (step := parse_step(parts[1])) is not None}

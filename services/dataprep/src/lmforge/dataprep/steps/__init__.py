@@ -1,1 +1,1 @@
-"""Pipeline steps: each one small, with its own counters (see lmforge.dataprep.pipeline)."""
+"""Pipeline steps: each one small, with its own counters (see lmforge.dataprep.step_base)."""

@@ -22,7 +22,7 @@ import re
 from pydantic import Field
 
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings
 
 POLICY_SUBSTRINGS = ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies",

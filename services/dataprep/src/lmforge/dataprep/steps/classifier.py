@@ -23,7 +23,7 @@ from lmforge.common.errors import ConfigError
 from lmforge.common.storage import S3Location, open_store, scheme_of
 from lmforge.dataprep.classifier_text import DEFAULT_MAX_CHARS, label_name, predict_probabilities
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings, require_model
 
 

@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 from lmforge.common.errors import InputError
 from lmforge.common.storage import open_input
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings
 
 

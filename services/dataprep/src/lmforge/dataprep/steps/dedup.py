@@ -12,7 +12,7 @@ import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings
 
 _TRACKING_PARAM = re.compile(r"^(utm_\w+|fbclid|gclid|mc_cid|mc_eid)$", re.IGNORECASE)

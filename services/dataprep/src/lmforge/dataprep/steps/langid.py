@@ -26,7 +26,7 @@ from pydantic import Field
 
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings
 
 

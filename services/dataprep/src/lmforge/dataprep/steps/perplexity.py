@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings, require_model
 
 Bucket = Literal["head", "middle", "tail"]
@@ -73,7 +73,7 @@ class PerplexitySettings(StepSettings):
     def check_in_pipeline(self, step_id: str) -> None:
         require_model(self.model_path, step_id, "a KenLM .arpa/.bin, `lmforge-dataprep train-ngram` trains one, "
                                                 "or an lmforge model package")
-        module, extra = ("kenlm", "kenlm") if self.backend == "kenlm" else ("torch", "lmforge-model")
+        module, extra = ("kenlm", "kenlm") if self.backend == "kenlm" else ("torch", "model")
         if importlib.util.find_spec(module) is None:  # an image without the backend's library
             raise ValueError(f"steps.{step_id}: the {self.backend} backend needs the Python package {module!r} "
                              f"(pip install 'lmforge-dataprep[{extra}]')")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pydantic import Field
 
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseTransform
+from lmforge.dataprep.step_base import BaseTransform
 from lmforge.dataprep.step_registry import StepSettings
 
 

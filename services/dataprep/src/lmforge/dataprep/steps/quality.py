@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 from lmforge.common.config import StrictModel
 from lmforge.common.errors import ConfigError
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings
 from lmforge.dataprep.steps.languages import LANGUAGE_DEFAULTS, WordSplit, default_word_split, split_words
 

@@ -55,7 +55,7 @@ from lmforge.common.storage import open_input
 from lmforge.dataprep.config import ReaderConfig
 from lmforge.dataprep.document import Document, make_doc_id
 from lmforge.dataprep.html_text import decode_html, make_extractor
-from lmforge.dataprep.pipeline import PipelineStep
+from lmforge.dataprep.step_base import PipelineStep
 from lmforge.dataprep.warc_http import HttpResponse, PayloadTooLarge, decoded_payload, is_html, parse_http_response
 
 BAD_INPUT_PREFIX = "bad_input:"  # counters of the read step: bad_input:<kind>
@@ -251,7 +251,7 @@ class WetReader(PipelineStep):
 
     def _open(self, uri: str) -> BinaryIO | None:
         remote = "://" in uri  # a local file will not appear by retrying
-        retry = RetryPolicy(self.config.open_retries, OPEN_BACKOFF_SECONDS, OPEN_BACKOFF_MAX_SECONDS,
+        retry = RetryPolicy(self.config.open_attempts, OPEN_BACKOFF_SECONDS, OPEN_BACKOFF_MAX_SECONDS,
                             retryable=lambda exc: remote and isinstance(exc, InputError),
                             log=get_logger("dataprep"), event="input_open_retry")
         try:

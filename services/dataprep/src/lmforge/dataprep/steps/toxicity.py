@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.pipeline import BaseFilter
+from lmforge.dataprep.step_base import BaseFilter
 from lmforge.dataprep.step_registry import StepSettings
 
 LIST_DIR = Path(__file__).resolve().parents[1] / "data" / "ldnoobw"

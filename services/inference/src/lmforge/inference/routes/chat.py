@@ -7,7 +7,6 @@ a `delta`: the role first, then the content as it arrives, the finish reason las
 from __future__ import annotations
 
 from contextlib import aclosing
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -17,7 +16,19 @@ from lmforge.inference.chat_template import ChatTemplateError
 from lmforge.inference.routes import generation as gen
 from lmforge.inference.routes.completions import LeasedStreamingResponse, sse_event
 from lmforge.inference.routes.deps import ServiceDep, authorize, ready_model
-from lmforge.inference.schemas import ChatRequest
+from lmforge.inference.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    ChatRequest,
+    ChosenTokenLogprob,
+    TokenLogprob,
+    Usage,
+)
 from lmforge.inference.service import Delta, NotReady, ServedModel
 
 router = APIRouter(dependencies=[Depends(authorize)])
@@ -67,46 +78,48 @@ def _prompt(served: ServedModel, body: ChatRequest) -> str:
         raise ApiError(400, f"messages: {exc}", param="messages") from exc
 
 
-def _logprobs(served: ServedModel, deltas: list[Delta], body: ChatRequest) -> dict | None:
+def _logprobs(served: ServedModel, deltas: list[Delta], body: ChatRequest) -> ChatLogprobs | None:
     if not body.logprobs:
         return None
     tokens, chosen, tops = gen.token_logprobs(served, deltas)
     tops = tops or [{}] * len(tokens)
-    entry = lambda token, logprob: {"token": token, "logprob": logprob,  # noqa: E731
-                                    "bytes": list(token.encode("utf-8"))}
-    return {"content": [{**entry(token, logprob), "top_logprobs": [entry(t, lp) for t, lp in top.items()]}
-                        for token, logprob, top in zip(tokens, chosen, tops, strict=True)]}
+    return ChatLogprobs(content=[
+        ChosenTokenLogprob(token=token, logprob=logprob, bytes=_utf8(token),
+                           top_logprobs=[TokenLogprob(token=t, logprob=lp, bytes=_utf8(t)) for t, lp in top.items()])
+        for token, logprob, top in zip(tokens, chosen, tops, strict=True)])
 
 
-def _body(job: gen.Job, obj: str, choices: list[dict], usage: dict | None = None) -> dict[str, Any]:
-    return {"id": job.request_id, "object": obj, "created": job.created, "model": job.service.model_name,
-            "choices": choices, "usage": usage}
+def _utf8(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
+def _chunk(job: gen.Job, choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
+    return sse_event(ChatCompletionChunk(id=job.request_id, created=job.created, model=job.service.model_name,
+                                         choices=choices, usage=usage).model_dump())
 
 
 async def _complete(job: gen.Job, request: Request, body: ChatRequest):
     deltas = await gen.collect(job, request)
     if deltas is None:
         return JSONResponse({"error": {"message": "client closed the request"}}, status_code=499)
-    choices = [{"index": g.index, "message": {"role": "assistant", "content": "".join(d.text for d in ds)},
-                "logprobs": _logprobs(job.served, ds, body), "finish_reason": g.finish_reason}
+    choices = [ChatChoice(index=g.index, message=AssistantMessage(content="".join(d.text for d in ds)),
+                          logprobs=_logprobs(job.served, ds, body), finish_reason=g.finish_reason)
                for g, ds in zip(job.generations, deltas, strict=True)]
-    return _body(job, "chat.completion", choices, job.usage().model_dump())
+    return ChatCompletion(id=job.request_id, created=job.created, model=job.service.model_name, choices=choices,
+                          usage=job.usage())
 
 
 async def _sse(job: gen.Job, body: ChatRequest):
-    def chunk(index: int, delta: dict, logprobs=None, finish_reason=None) -> str:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        return sse_event(_body(job, "chat.completion.chunk", [choice]))
-
     try:
         for generation in job.generations:
-            yield chunk(generation.index, {"role": "assistant", "content": ""})
+            yield _chunk(job, [ChatChunkChoice(index=generation.index, delta=ChatDelta(role="assistant", content=""))])
         async with aclosing(gen.merged(job)) as stream:
             async for generation, delta in stream:
-                content = {"content": delta.text} if delta.text else {}
-                yield chunk(generation.index, content, _logprobs(job.served, [delta], body), delta.finish_reason)
+                yield _chunk(job, [ChatChunkChoice(index=generation.index, delta=ChatDelta(content=delta.text or None),
+                                                   logprobs=_logprobs(job.served, [delta], body),
+                                                   finish_reason=delta.finish_reason)])
         if body.stream_options is not None and body.stream_options.include_usage:
-            yield sse_event(_body(job, "chat.completion.chunk", [], job.usage().model_dump()))
+            yield _chunk(job, [], job.usage())
         yield "data: [DONE]\n\n"
     except NotReady as exc:
         yield sse_event(stream_error_event(exc))

@@ -24,9 +24,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from lmforge.inference.api_errors import ApiError, not_ready, stream_error_event
+from lmforge.inference.engine_thread import RunnerStopped
 from lmforge.inference.routes import generation as gen
 from lmforge.inference.routes.deps import ServiceDep, authorize, ready_model
-from lmforge.inference.runner import RunnerStopped
 from lmforge.inference.schemas import Choice, Completion, CompletionRequest, Logprobs
 from lmforge.inference.service import Delta, Lease, NotReady
 from lmforge.inference.text import TextOffsets
@@ -95,7 +95,7 @@ async def _echo(service, served, body: CompletionRequest, prompts: list[list[int
     logprobs = []
     for text, ids in zip(texts, prompts, strict=True):
         try:
-            chosen, tops = await served.runner.prompt_logprobs(ids, body.logprobs)
+            chosen, tops = await served.engine_thread.prompt_logprobs(ids, body.logprobs)
         except RunnerStopped as exc:
             raise not_ready(NotReady(f"engine stopped: {exc}")) from exc
         tokens = [served.codec.token_text(t) for t in ids]

@@ -8,13 +8,16 @@ training values (the `parallel:` keys of the trainer's layout config).
 One job per module:
 
   hardware   the GPU table (datasheet figures, with sources) and the cluster
-  shape      the model's parameters and FLOPs per layer, from lmforge.common.model's GPTConfig
-  layout     a candidate layout: its axes, its micro-batching, and which link each axis uses
+  shape      the model's parameters and FLOPs per layer, from lmforge.model.transformer's GPTConfig
+  layout     a candidate layout: the trainer's own (lmforge.trainer.layout_rules.MeshLayout)
   memory     bytes per GPU by part (parameters, gradients, optimizer state, activations)
   comm       bytes and seconds per step on each axis
   timing     compute time, pipeline bubble, step time and MFU
+  efficiency the kernel efficiency by matmul width, and Float8's speed-up (the fitted curve)
+  calibration the measured runs (calibration.json) the efficiency is fitted to, the fit, the comparison
   costs      run totals: FLOPs, GPU-seconds, wall-clock days, cost (the seed's 70B arithmetic)
-  search     the candidates, their evaluation and the recommendation
+  search     the candidates (only layouts the trainer runs: lmforge.trainer.layout_rules, its own
+             start check), their evaluation and the recommendation
   render     the plan as a table, as JSON, and as the chart's training values
   command    the `plan` subcommand's arguments and handler
 

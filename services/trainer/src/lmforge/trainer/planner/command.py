@@ -11,7 +11,7 @@ from lmforge.common.config import cli_overrides, format_validation_error
 from lmforge.common.errors import ConfigError
 
 if TYPE_CHECKING:  # the planner's modules import the model's, and torch: only when a plan is made
-    from lmforge.common.model import GPTConfig
+    from lmforge.model.config import GPTConfig
     from lmforge.trainer.planner.search import PlanRequest
 
 DTYPES = ("bf16", "fp32")
@@ -21,7 +21,7 @@ CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model and workload")
-    model.add_argument("--model", required=True, metavar="PRESET", help="a model preset (lmforge.common.model)")
+    model.add_argument("--model", required=True, metavar="PRESET", help="a model preset (lmforge.model.transformer)")
     model.add_argument(
         "--shape",
         nargs="+",

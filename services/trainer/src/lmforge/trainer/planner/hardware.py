@@ -71,6 +71,15 @@ def gpu_named(name: str) -> GPU:
     raise ConfigError(f"--gpu: unknown GPU type {name!r}; choose one of {', '.join(GPUS)}")
 
 
+def gpu_for_device(device_name: str) -> GPU | None:
+    """The table's GPU a CUDA device name (torch.cuda.get_device_name) is, or None: the first key the
+    name contains (L40S before L4), except PCIe and NVL H100/H200s, whose peaks are lower than the
+    SXM parts the table lists."""
+    if any(variant in device_name.lower() for variant in ("pcie", "nvl")):
+        return None
+    return next((gpu for key, gpu in GPUS.items() if key in device_name), None)
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Identical nodes of `gpus_per_node` GPUs joined by NVLink inside a node and by the network

@@ -107,8 +107,9 @@ class Memory:
 
 def stage_params(shape: ModelShape, layout: Layout, stage: str) -> tuple[float, float]:
     """(dense, routed experts): the parameters one GPU of a `stage` ("first", "last" or "only")
-    computes with, unsharded by FSDP: its layers and its end's embedding or head, the matrices
-    split over the TP ranks and the routed experts over the EP ranks too."""
+    computes with, unsharded by FSDP: its layers and its end's embedding or head, the dense matrices
+    split over the TP ranks and the routed experts over the EP ranks (the trainer does not split MoE
+    layers over tp: lmforge.trainer.layout_rules refuses tp > 1 with them)."""
     layers = shape.layers // layout.pp
     dense = layers * (shape.layer_params - shape.layer_expert_params)
     if stage in ("first", "only"):
@@ -116,7 +117,7 @@ def stage_params(shape: ModelShape, layout: Layout, stage: str) -> tuple[float, 
     if stage in ("last", "only"):
         dense += shape.head_params + (shape.embedding_params if shape.tied and stage == "last" else 0)
     experts = layers * shape.layer_expert_params / layout.ep
-    return dense / layout.tp, experts / layout.tp
+    return dense / layout.tp, experts
 
 
 def layer_activation_bytes(shape: ModelShape, layout: Layout, seq_len: int, flash_attention: bool = True) -> float:

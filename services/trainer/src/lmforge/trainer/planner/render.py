@@ -20,8 +20,9 @@ import yaml
 
 from lmforge.trainer.mesh_layout import wrapper_mode
 from lmforge.trainer.planner.costs import run_totals, training_flops
+from lmforge.trainer.planner.efficiency import calibrated
 from lmforge.trainer.planner.search import Candidate, PlanRequest
-from lmforge.trainer.planner.timing import EFFICIENCY, model_flops_per_step
+from lmforge.trainer.planner.timing import FP8_OVER_BF16, model_flops_per_step
 
 PP_MICROBATCHES_KEY = "pp_microbatches"
 
@@ -113,7 +114,7 @@ def plan_document(
             },
         },
         "assumptions": {
-            "compute_efficiency": dict(EFFICIENCY) if request.fixed_mfu is None else None,
+            "compute_efficiency": compute_efficiency(request) if request.fixed_mfu is None else None,
             "fixed_mfu": request.fixed_mfu,
             "flash_attention": request.flash_attention,
             "memory_headroom": request.memory_headroom,
@@ -150,6 +151,18 @@ def plan_document(
     return document
 
 
+def compute_efficiency(request: PlanRequest) -> dict[str, Any]:
+    """The calibrated kernel-efficiency model and what it gives for this model's matmul width."""
+    efficiency, width = calibrated(), request.shape.matmul_width
+    return {
+        **efficiency.as_dict(),
+        "matmul_width": width,
+        "at_this_model": efficiency.at(width),
+        "float8_speedup": efficiency.float8_speedup(width, FP8_OVER_BF16) if request.precision == "fp8" else None,
+        "calibration": "lmforge/trainer/planner/calibration.json",
+    }
+
+
 def chart_values(request: PlanRequest, candidate: Candidate, model: dict[str, Any], steps: int) -> dict[str, Any]:
     """The recommendation as helm/lmforge values (`training:`)."""
     layout = candidate.layout
@@ -169,6 +182,8 @@ def chart_values(request: PlanRequest, candidate: Candidate, model: dict[str, An
         parallel[PP_MICROBATCHES_KEY] = layout.microbatches
     elif layout.microbatches > 1:
         config["grad_accum"] = layout.microbatches
+    if request.precision == "fp8":  # the planner's fp8 is Float8 linears, tensorwise scaling
+        config["float8"] = {"enabled": True, "recipe": "tensorwise"}
     return {
         "training": {
             "enabled": True,
@@ -242,7 +257,7 @@ def table(document: dict[str, Any]) -> str:
             f"({_describe(smallest['layout'])}); add GPUs, shorten sequences or use a GPU with more memory"
         )
     else:
-        lines += _recommendation(best, cluster)
+        lines += _recommendation(best, cluster, document["assumptions"]["compute_efficiency"])
     lines += ["", "candidates (fastest fitting first; memory in GiB per GPU)", _candidate_table(document["candidates"])]
     if best is not None:
         lines += ["", "chart values (helm/lmforge `training:`):", values_yaml(document).rstrip()]
@@ -257,7 +272,7 @@ def _describe(layout: dict[str, Any]) -> str:
     )
 
 
-def _recommendation(best: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
+def _recommendation(best: dict[str, Any], cluster: dict[str, Any], efficiency: dict[str, Any] | None) -> list[str]:
     memory, step, run = best["memory_bytes"], best["step"], best["run"]
     lines = [
         f"recommended  {_describe(best['layout'])}",
@@ -282,7 +297,9 @@ def _recommendation(best: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
         f"{step['step_seconds_range'][1]:.2f}): compute {step['compute_seconds']:.2f}, bubble "
         f"{step['bubble_seconds']:.2f}, exposed communication {step['exposed_comm_seconds']:.2f}, unhidden "
         f"FSDP/HSDP {step['unhidden_overlap_seconds']:.2f}",
-        f"  MFU {step['mfu']:.1%} (range {step['mfu_range'][0]:.1%}–{step['mfu_range'][1]:.1%})",
+        f"  MFU {step['mfu']:.1%} (range {step['mfu_range'][0]:.1%}–{step['mfu_range'][1]:.1%})"
+        + (f" of the {cluster['precision']} peak" if cluster["precision"] != "bf16" else ""),
+        *_efficiency_lines(efficiency),
         f"  run: {run['steps']} steps, {run['wall_clock_days']:.1f} days (range {run['wall_clock_days_range'][0]:.1f}"
         f"–{run['wall_clock_days_range'][1]:.1f}), {run['gpu_hours']:.3g} GPU-hours"
         + (
@@ -292,6 +309,18 @@ def _recommendation(best: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
         ),
     ]
     return lines
+
+
+def _efficiency_lines(efficiency: dict[str, Any] | None) -> list[str]:
+    if efficiency is None:  # --mfu: a measured MFU replaced the model
+        return []
+    float8 = efficiency["float8_speedup"]
+    return [
+        f"  kernel efficiency {efficiency['at_this_model']:.1%} of the bf16 peak at matmul width "
+        f"{efficiency['matmul_width']:,.0f} ({efficiency['peak_share']:.1%} · (1 − exp(−width / "
+        f"{efficiency['width_scale']:,.0f})), fitted to measured runs; range ×{efficiency['band'][0]:.2f}–"
+        f"{efficiency['band'][1]:.2f})" + (f"; Float8 linears {float8:.2f}× bf16" if float8 is not None else ""),
+    ]
 
 
 def _candidate_table(candidates: list[dict[str, Any]]) -> str:

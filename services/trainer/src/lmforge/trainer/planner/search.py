@@ -1,22 +1,27 @@
 """The candidate layouts of a plan, each evaluated, and the recommendation: the fastest
 predicted step among the layouts that fit in memory.
 
-Candidates: TP ∈ {1, 2, 4, 8, …} dividing the GPUs per node and both head counts (TP stays inside
-a node); PP dividing the node count and the layer count (PP goes across nodes); CP a power of two
-up to 16 with the sequence split into 2·CP chunks (load-balanced causal attention); every split
-of the remaining data-parallel ranks into dp_replicate × dp_shard (DDP, HSDP, FSDP); EP (MoE
-only) dividing the expert count and dp_shard·cp; activation checkpointing off and on. For each
-of these the micro-batch size (powers of two dividing a rank's share of the global batch; under
-PP at least P micro-batches) that gives the fastest step that fits is kept, or, when none fits,
-the one that needs the least memory.
+The search space: TP ∈ {1, 2, 4, 8, …} dividing the GPUs per node (TP stays inside a node); PP
+dividing the node count (PP goes across nodes); CP a power of two up to 16; every split of the
+remaining data-parallel ranks into dp_replicate × dp_shard (DDP, HSDP, FSDP); EP (MoE only)
+dividing the expert count; micro-batches of a power of two sequences dividing a rank's share of
+the global batch; activation checkpointing off and on. A pinned axis takes its value only.
+Of these, a candidate is a layout the trainer runs: lmforge.trainer.layout_rules.layout_problems,
+the trainer's own start check, finds nothing wrong with it for this model, sequence length, world
+size and precision (fp8 is float8 training). So no candidate is one the trainer refuses, and when
+the pins leave none, the plan is refused with the trainer's message. For each (axes, activation
+checkpointing) the micro-batch size that gives the fastest step that fits is kept, or, when none
+fits, the one that needs the least memory.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 from lmforge.common.errors import ConfigError
+from lmforge.trainer.layout_rules import ModelDims, layout_problems
 from lmforge.trainer.planner.comm import AxisComm, communication
 from lmforge.trainer.planner.hardware import Cluster
 from lmforge.trainer.planner.layout import AXES, Layout
@@ -93,6 +98,7 @@ def evaluate(request: PlanRequest, layout: Layout) -> Candidate:
         comm,
         request.fixed_mfu,
         request.attention_flops,
+        precision=request.precision,
     )
     return Candidate(layout, memory, comm, time, memory.total <= request.usable_memory)
 
@@ -105,78 +111,103 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _allowed(request: PlanRequest, axis: str, values: list[int]) -> list[int]:
+def _searched(request: PlanRequest, axis: str, values: list[int], placed=lambda value: True) -> list[int]:
+    """The values searched on an axis: its pinned value (when `placed` allows it), or `values`."""
     pinned = request.pinned.get(axis)
-    return values if pinned is None else [v for v in values if v == pinned]
+    if pinned is None:
+        return values
+    return [pinned] if placed(pinned) else []
 
 
 def _layout_axes(request: PlanRequest):
-    """(tp, pp, cp, dp_replicate, dp_shard, ep) tuples the model and cluster allow."""
+    """(tp, pp, cp, dp_replicate, dp_shard, ep) tuples of the search space that fill the cluster."""
     shape, cluster = request.shape, request.cluster
-    tps = [
-        t
-        for t in _powers_of_two(cluster.gpus_per_node)
-        if cluster.gpus_per_node % t == 0 and shape.heads % t == 0 and shape.kv_heads % t == 0
-    ]
-    # What the trainer refuses is not searched: a pipeline with tied embeddings or MoE layers
-    # (lmforge.trainer.pipeline.validate_pipeline), context parallelism with MoE layers.
-    pipeline_ok = not (shape.tied or shape.is_moe)
-    pps = [p for p in _divisors(cluster.nodes) if shape.layers % p == 0 and (p == 1 or pipeline_ok)]
-    cps = [c for c in _powers_of_two(MAX_CP) if c == 1 or (request.seq_len % (2 * c) == 0 and not shape.is_moe)]
-    for tp, pp, cp in itertools.product(
-        *(_allowed(request, axis, values) for axis, values in (("tp", tps), ("pp", pps), ("cp", cps)))
-    ):
+    per_node = cluster.gpus_per_node
+    tps = _searched(request, "tp", [t for t in _powers_of_two(per_node) if per_node % t == 0],
+                    lambda t: per_node % t == 0)
+    pps = _searched(request, "pp", _divisors(cluster.nodes), lambda p: cluster.nodes % p == 0)
+    cps = _searched(request, "cp", _powers_of_two(MAX_CP))
+    eps = _searched(request, "ep", _divisors(shape.experts) if shape.is_moe else [1])
+    for tp, pp, cp in itertools.product(tps, pps, cps):
         if cluster.gpus % (tp * pp * cp):
             continue
         dp = cluster.gpus // (tp * pp * cp)
-        for shard in _allowed(request, "dp_shard", _divisors(dp)):
+        for shard in [d for d in _searched(request, "dp_shard", _divisors(dp)) if dp % d == 0]:
             replicate = dp // shard
             if request.pinned.get("dp_replicate", replicate) != replicate:
                 continue
-            eps = [e for e in _divisors(shape.experts) if (shard * cp) % e == 0] if shape.is_moe else [1]
-            for ep in _allowed(request, "ep", eps):
+            for ep in eps:
                 yield tp, pp, cp, replicate, shard, ep
 
 
-def _micro_batches(request: PlanRequest, dp: int, pp: int) -> list[tuple[int, int]]:
+def _micro_batches(request: PlanRequest, dp: int) -> list[tuple[int, int]]:
     """(micro-batch size, micro-batches per step) that split a rank's share of the global batch."""
     if request.global_batch % dp:
         return []
     per_rank = request.global_batch // dp
-    sizes = _allowed(request, "micro_batch", [b for b in _powers_of_two(MAX_MICRO_BATCH) if per_rank % b == 0])
-    return [(b, per_rank // b) for b in sizes if per_rank // b >= pp]
+    sizes = _searched(request, "micro_batch", [b for b in _powers_of_two(MAX_MICRO_BATCH) if per_rank % b == 0],
+                      lambda b: per_rank % b == 0)
+    return [(b, per_rank // b) for b in sizes]
+
+
+def model_dims(shape: ModelShape) -> ModelDims:
+    """What the layout rules check of the model: ModelDims.of(the config the shape was read from)."""
+    return ModelDims(heads=shape.heads, kv_heads=shape.kv_heads, ffn_hidden=shape.ffn_hidden, vocab=shape.vocab,
+                     layers=shape.layers, experts=shape.experts, tied=shape.tied)
+
+
+def trainer_problems(request: PlanRequest, layout: Layout) -> list[str]:
+    """Why the trainer would refuse to run this layout for the plan's model (empty: it runs it): its own
+    start check, with the planner's pipeline schedule (1F1B) and fp8 as float8 training."""
+    return layout_problems(layout, model_dims(request.shape), request.seq_len, request.cluster.gpus,
+                           float8=request.precision == "fp8")
 
 
 def search(request: PlanRequest) -> tuple[list[Candidate], int]:
     """Every candidate (best micro-batch each), fitting ones first by predicted step time, then
-    the others by memory; and how many layouts were evaluated in all."""
+    the others by memory; and how many layouts were evaluated in all. ConfigError when none is left:
+    with the trainer's message when the layouts the pins leave are all ones the trainer refuses."""
     checkpointing = {"auto": (False, True), "on": (True,), "off": (False,)}[request.activation_checkpointing]
     kept: list[Candidate] = []
     evaluated = 0
-    for (tp, pp, cp, replicate, shard, ep), ac in itertools.product(_layout_axes(request), checkpointing):
-        options = [
-            evaluate(request, Layout(replicate, shard, tp, pp, cp, ep, b, m, ac))
-            for b, m in _micro_batches(request, replicate * shard, pp)
-        ]
-        evaluated += len(options)
-        fitting = [c for c in options if c.fits]
-        if fitting:
-            kept.append(min(fitting, key=lambda c: c.time.step_seconds))
-        elif options:
-            kept.append(min(options, key=lambda c: c.memory.total))
+    refusals: Counter[str] = Counter()  # the trainer's problems with the layouts left out
+    for tp, pp, cp, replicate, shard, ep in _layout_axes(request):
+        runnable = []
+        for micro_batch, microbatches in _micro_batches(request, replicate * shard):
+            layout = Layout(replicate, shard, tp, pp, cp, ep, micro_batch=micro_batch, microbatches=microbatches)
+            problems = trainer_problems(request, layout)
+            refusals.update(problems)
+            if not problems:
+                runnable.append(layout)
+        for ac in checkpointing:
+            options = [evaluate(request, replace(layout, activation_checkpointing=ac)) for layout in runnable]
+            evaluated += len(options)
+            fitting = [c for c in options if c.fits]
+            if fitting:
+                kept.append(min(fitting, key=lambda c: c.time.step_seconds))
+            elif options:
+                kept.append(min(options, key=lambda c: c.memory.total))
     if not kept:
-        raise ConfigError(_no_layout_message(request))
+        raise ConfigError(_no_layout_message(request, refusals))
     kept.sort(key=lambda c: (not c.fits, c.time.step_seconds if c.fits else c.memory.total))
     return kept, evaluated
 
 
-def _no_layout_message(request: PlanRequest) -> str:
+def _no_layout_message(request: PlanRequest, refusals: Counter[str]) -> str:
+    """For a pinned axis the trainer refuses, the trainer's refusal of it (the one the most of the layouts the
+    pins leave share: every one's); else what a layout must divide, and the trainer's most common refusal."""
+    naming_a_pin = Counter({problem: count for problem, count in refusals.items()
+                            if any(f"parallel.{axis}=" in problem or f"parallel.{axis}:" in problem
+                                   for axis in request.pinned)})
+    if naming_a_pin:
+        return naming_a_pin.most_common(1)[0][0]
+    refusal = refusals.most_common(1)[0][0] if refusals else None
     cluster = request.cluster
     pins = ", ".join(f"{axis}={value}" for axis, value in request.pinned.items())
     return (
         f"no layout of {cluster.nodes} × {cluster.gpus_per_node} GPUs divides this model and batch"
         + (f" with {pins}" if pins else "")
-        + f": TP must divide the GPUs per node and the heads ({request.shape.heads}) and KV heads "
-        f"({request.shape.kv_heads}), PP the nodes and the layers ({request.shape.layers}), and the data-parallel "
-        f"ranks the global batch ({request.global_batch} sequences)"
+        + f": TP must divide the GPUs per node, PP the nodes, and the data-parallel ranks the global batch "
+        f"({request.global_batch} sequences)"
+        + (f"; the trainer refuses the layouts that do ({refusal})" if refusal else "")
     )

@@ -1,11 +1,11 @@
 """The model as the planner sees it: sizes, parameters per part and FLOPs per token, read from
-lmforge.common.model's GPTConfig (a preset, or any shape the trainer accepts).
+lmforge.model.transformer's GPTConfig (a preset, or any shape the trainer accepts).
 
 Parameters are counted per part because the layouts split them differently: tensor parallelism
 splits the matrices, pipeline parallelism splits the layers (the embedding on the first stage,
 the output head on the last), expert parallelism splits the routed experts. The sum equals
-lmforge.common.model.parameter_counts (a test holds them together), and the FLOPs follow
-lmforge.common.model.flops_per_token's convention (6 FLOPs per matmul parameter a token passes
+lmforge.model.transformer.parameter_counts (a test holds them together), and the FLOPs follow
+lmforge.model.transformer.flops_per_token's convention (6 FLOPs per matmul parameter a token passes
 through, plus attention's 12·n_head·head_dim·T per layer).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmforge.common.model import GPTConfig
+from lmforge.model.config import GPTConfig
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,14 @@ class ModelShape:
         return attention + self.dim * self.experts + (self.top_k + self.shared_expert) * mlp
 
     @property
+    def matmul_width(self) -> float:
+        """A block's matmul parameters per hidden unit (12·d for a GPT block): the FLOPs each element of a
+        token's hidden state meets in the block's matmuls, over 2. The element-wise work around them grows
+        with d alone, so this is the size the kernel efficiency follows (timing, efficiency). Tensor
+        parallelism with sequence parallelism divides both by t, leaving it unchanged."""
+        return self.layer_matmul_params / self.dim
+
+    @property
     def head_matmul_params(self) -> int:
         return self.vocab * self.dim
 
@@ -113,7 +121,7 @@ class ModelShape:
         return 6 * self.head_matmul_params
 
     def flops_per_token(self, seq_len: int) -> float:
-        """The whole model's: lmforge.common.model.flops_per_token for the same config."""
+        """The whole model's: lmforge.model.transformer.flops_per_token for the same config."""
         return self.layers * self.layer_flops_per_token(seq_len) + self.head_flops_per_token()
 
     def six_n_flops_per_token(self) -> float:

@@ -1,0 +1,1 @@
+"""The model of lmforge (architecture, configs, KV cache, package formats, Hugging Face conversion)."""

@@ -1,0 +1,1 @@
+"""lmforge's self-contained HTML pages (layout, charts, number formatting)."""

@@ -1,0 +1,1 @@
+"""Generators of what `make docs` writes from the services' declarations (in no image)."""
