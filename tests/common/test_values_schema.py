@@ -20,6 +20,7 @@ from lmforge.common.config import StrictModel
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.inference.config import ServeConfig
 from lmforge.tooling import values_schema
+from lmforge.tooling.generated_file import write_if_changed
 from lmforge.trainer.config import TrainConfig
 from lmforge.uploader.config import UploaderConfig
 
@@ -86,7 +87,7 @@ def test_write_then_check(tmp_path):
     assert values_schema.main(["--write", str(target)]) == 0
     assert values_schema.main(["--check", str(target)]) == 0
     assert json.loads(target.read_text(encoding="utf-8")) == values_schema.build()
-    assert not values_schema.write(target, values_schema.render())  # up to date: left alone
+    assert not write_if_changed(target, values_schema.render())  # up to date: left alone
     target.write_text(target.read_text(encoding="utf-8").replace('"minimum": 1', '"minimum": 2', 1))
     assert values_schema.main(["--check", str(target)]) == 1
 

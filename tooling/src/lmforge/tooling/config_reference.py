@@ -12,12 +12,10 @@ written here.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from annotated_types import Ge, Gt, Le, Lt, MinLen
@@ -25,7 +23,6 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from lmforge.canary.config import CanaryConfig
-from lmforge.common.storage import atomic_path
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.stages import STAGES, WORKERS
 from lmforge.demo.config import DemoConfig
@@ -197,25 +194,9 @@ def render(services: Sequence[Service] = tuple(SERVICES)) -> str:
     return "\n".join([TITLE + "\n", GENERATED + "\n", PRECEDENCE + "\n", *(render_service(s) for s in services)])
 
 
-def is_current(path: Path, markdown: str) -> bool:
-    return path.is_file() and path.read_text(encoding="utf-8") == markdown
-
-
-def write_page(path: Path, markdown: str) -> bool:
-    """Write the page atomically, keeping an existing file's mode; False when it was already current."""
-    if is_current(path, markdown):
-        return False
-    with atomic_path(path) as tmp:
-        tmp.write_text(markdown, encoding="utf-8")
-        if path.exists():
-            shutil.copymode(path, tmp)
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     return generated_file_main(argv, prog="python -m lmforge.tooling.config_reference", description=__doc__,
-                               what="configuration reference", render=render, update=write_page,
-                               is_current=is_current, write_help="write the page to FILE")
+                               what="configuration reference", render=render)
 
 
 if __name__ == "__main__":

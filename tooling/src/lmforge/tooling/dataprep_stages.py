@@ -3,23 +3,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from lmforge.dataprep.stages import chart_json
 from lmforge.tooling.generated_file import generated_file_main
 
 
-def _update(path: Path, text: str) -> bool:
-    if path.exists() and path.read_text() == text:
-        return False
-    path.write_text(text)
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     return generated_file_main(argv, prog="python -m lmforge.tooling.dataprep_stages", description=__doc__,
-                               what="data-prep stage list", render=chart_json, update=_update,
-                               is_current=lambda path, text: path.exists() and path.read_text() == text)
+                               what="data-prep stage list", render=chart_json)
 
 
 if __name__ == "__main__":

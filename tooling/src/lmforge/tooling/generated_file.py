@@ -1,32 +1,47 @@
 """The command line of a generated file (`make docs`): print it, write it, or check that the
-checked-in copy is current (exit 1 when stale, so a test or CI can fail on it)."""
+checked-in copy is current (exit 1 when stale, so a test or CI can fail on it). A write is atomic,
+keeps an existing file's mode, and leaves a current file alone."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lmforge.common.errors import LmforgeError
+from lmforge.common.storage import atomic_path
+
+
+def is_current(path: Path, text: str) -> bool:
+    return path.is_file() and path.read_text(encoding="utf-8") == text
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write `text` to `path`; False when it was already current."""
+    if is_current(path, text):
+        return False
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+        if path.exists():
+            shutil.copymode(path, tmp)
+    return True
 
 
 def generated_file_main(argv: Sequence[str] | None, *, prog: str, description: str | None, what: str,
-                        render: Callable[[], str], update: Callable[[Path, str], bool],
-                        is_current: Callable[[Path, str], bool], write_flag: str = "--write",
-                        write_help: str = "write it to FILE") -> int:
-    """`update(path, text)` writes and returns False when the file was already current;
-    `what` names the generated thing in the messages ("configuration reference")."""
+                        render: Callable[[], str]) -> int:
+    """`what` names the generated thing in the messages ("configuration reference")."""
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument(write_flag, dest="write", type=Path, metavar="FILE", help=write_help)
+    group.add_argument("--write", type=Path, metavar="FILE", help=f"write the {what} to FILE")
     group.add_argument("--check", type=Path, metavar="FILE", help=f"exit 1 when the {what} in FILE is out of date")
     args = parser.parse_args(argv)
     try:
         text = render()
         if args.write:
-            changed = update(args.write, text)
+            changed = write_if_changed(args.write, text)
             sys.stdout.write(f"{args.write}: {what} {'updated' if changed else 'up to date'}\n")
         elif args.check:
             if not is_current(args.check, text):

@@ -17,14 +17,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
-from lmforge.common.storage import atomic_path
 from lmforge.tooling.chart_values import SERVICE_CONFIG, SERVICE_CONFIGS, ChartValues
 from lmforge.tooling.generated_file import generated_file_main
 
@@ -104,22 +102,9 @@ def render() -> str:
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 
-def is_current(path: Path, text: str) -> bool:
-    return path.exists() and path.read_text(encoding="utf-8") == text
-
-
-def write(path: Path, text: str) -> bool:
-    """Write `path` (atomically, keeping its mode); False when it was up to date."""
-    if is_current(path, text):
-        return False
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     return generated_file_main(argv, prog="python -m lmforge.tooling.values_schema", description=__doc__,
-                               what="values schema", render=render, update=write, is_current=is_current)
+                               what="values schema", render=render)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from typing import Any
 from lmforge.common.errors import CLI_ERRORS, ConfigError, as_lmforge_error
 from lmforge.model.config import GPTConfig
 from lmforge.trainer.planner.comm import AxisComm, communication
-from lmforge.trainer.planner.efficiency import CALIBRATION_FILE, KernelEfficiency, calibrated
+from lmforge.trainer.planner.efficiency import CALIBRATION_FILE, KernelEfficiency, calibrated, read_calibration
 from lmforge.trainer.planner.hardware import Cluster, gpu_named
 from lmforge.trainer.planner.layout import AXES, Layout
 from lmforge.trainer.planner.search import PlanRequest, evaluate
@@ -147,11 +147,8 @@ def parse_record(raw: dict, where: str) -> Record:
 
 
 def read_document(path: Path = CALIBRATION_FILE) -> dict:
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the planner's calibration: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("records"), list):
+    document = read_calibration(path)
+    if not isinstance(document.get("records"), list):
         raise ConfigError(f"{path}: no `records` list")
     return document
 

@@ -75,13 +75,21 @@ class KernelEfficiency:
         return cls(fit["peak_share"], fit["width_scale"], fit["float8_break_even"], tuple(fit["band"]))
 
 
-@lru_cache(maxsize=4)
-def calibrated(path: Path = CALIBRATION_FILE) -> KernelEfficiency:
-    """The fit stored in the calibration file (read once per path)."""
+def read_calibration(path: Path = CALIBRATION_FILE) -> dict:
+    """The calibration file as a JSON object (its `records` and its `fit`)."""
     try:
         document = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the planner's calibration: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("fit"), dict):
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: the planner's calibration is not a JSON object")
+    return document
+
+
+@lru_cache(maxsize=4)
+def calibrated(path: Path = CALIBRATION_FILE) -> KernelEfficiency:
+    """The fit stored in the calibration file (read once per path)."""
+    document = read_calibration(path)
+    if not isinstance(document.get("fit"), dict):
         raise ConfigError(f"{path}: no `fit` object; run `python -m lmforge.trainer.planner.calibration --refit`")
     return KernelEfficiency.from_dict(document["fit"], str(path))
