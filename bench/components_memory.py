@@ -24,14 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.common.storage import LocalStore
+from lmforge.common.local_store import LocalStore
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import PartitionPlan
 
 CHILD = """
 import json, sys
-from lmforge.common.storage import LocalStore
+from lmforge.common.local_store import LocalStore
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep import components
 root, config, n_inputs, what, round_, task = sys.argv[1], DataprepConfig.model_validate_json(sys.argv[2]), \\

@@ -16,7 +16,7 @@ import resource
 import tempfile
 import time
 
-from lmforge.common.storage import LocalStore
+from lmforge.common.local_store import LocalStore
 from lmforge.dataprep import layout
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.report import _step_lists

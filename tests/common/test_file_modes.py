@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmforge.common.storage import LocalStore, atomic_open, atomic_path, atomic_write_bytes
+from lmforge.common.atomic_files import atomic_open, atomic_path, atomic_write_bytes
+from lmforge.common.local_store import LocalStore
 from lmforge.demo.summary import write_summary
 from lmforge.model.config import GPTConfig
 from lmforge.model.package import write_package

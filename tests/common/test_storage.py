@@ -4,9 +4,12 @@ import os
 
 import pytest
 
+from lmforge.common.atomic_files import atomic_open
 from lmforge.common.errors import InputError
+from lmforge.common.local_store import LocalStore
 from lmforge.common.logging import configure_logging
-from lmforge.common.storage import LocalStore, S3Store, atomic_open, expand_inputs, open_input, open_store
+from lmforge.common.s3_store import S3Store
+from lmforge.common.storage import expand_inputs, open_input, open_store
 from tests.uploader.fault_proxy import FaultProxy
 
 MIB = 1 << 20

@@ -12,8 +12,11 @@ import pytest
 from botocore.exceptions import ClientError
 
 from lmforge.common.errors import StorageError
+from lmforge.common.local_store import LocalStore
 from lmforge.common.retry import Cancelled
-from lmforge.common.storage import AccessDenied, LocalStore, ObjectMissing, S3Store, open_store
+from lmforge.common.s3_store import S3Store
+from lmforge.common.storage import open_store
+from lmforge.common.store import AccessDenied, ObjectMissing
 
 MIB = 1 << 20
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lmforge.common.errors import InputError
-from lmforge.common.storage import LocalStore
+from lmforge.common.local_store import LocalStore
 from lmforge.dataprep import layout
 from lmforge.dataprep.components import components_tasks, finish_components, scheduled_rounds, settled_by
 from lmforge.dataprep.config import DataprepConfig

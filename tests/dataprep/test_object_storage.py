@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.common.storage import Store, open_store
+from lmforge.common.storage import open_store
+from lmforge.common.store import Store
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.executor import InlineExecutor, PoolExecutor
 from lmforge.sample_data.wet import write_sample_wet

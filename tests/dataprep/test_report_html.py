@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from lmforge.common.storage import LocalStore
+from lmforge.common.local_store import LocalStore
 from lmforge.dataprep.report import redact_uri, shown_config
 from lmforge.dataprep.report_html import render_report_html
 from lmforge.dataprep.timings import PHASES, union_seconds

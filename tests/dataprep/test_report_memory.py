@@ -11,8 +11,8 @@ import tracemalloc
 
 import pytest
 
+from lmforge.common.local_store import LocalStore
 from lmforge.common.shard_index import parse_manifest, split_totals
-from lmforge.common.storage import LocalStore
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.document import Document, make_doc_id

@@ -10,7 +10,7 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from lmforge.common.storage import LocalStore
+from lmforge.common.local_store import LocalStore
 from lmforge.dataprep import layout
 from lmforge.dataprep.report import _step_lists
 from lmforge.dataprep.stats import EXAMPLES_PER_SIDE, StepStats, _example_rank, merge_stats

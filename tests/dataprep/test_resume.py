@@ -178,7 +178,7 @@ def test_partitions_of_several_inputs_shuffle_them_together(inputs, reference, t
 
 
 def test_the_tokenizer_sample_reads_only_as_many_inputs_as_it_needs(inputs, reference):
-    from lmforge.common.storage import LocalStore
+    from lmforge.common.local_store import LocalStore
     from lmforge.dataprep import layout
     from lmforge.dataprep.config import TokenizerConfig
     from lmforge.dataprep.tokenize import iter_training_sample

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from lmforge.common.errors import InputError
-from lmforge.common.storage import LocalStore
+from lmforge.common.local_store import LocalStore
 from lmforge.dataprep import dedup_plan, layout
 from lmforge.dataprep.combine import combine_tasks
 from lmforge.dataprep.config import DataprepConfig, MinHashConfig

@@ -92,13 +92,13 @@ def parse_languages(languages: str | Iterable[str]) -> list[str]:
 
 
 def _store_is_local(uri: str) -> bool:
-    from lmforge.common.storage import scheme_of
+    from lmforge.common.store import scheme_of
 
     return scheme_of(uri) in ("", "file")
 
 
 def _local(uri: str) -> Path:
-    from lmforge.common.storage import local_path_of
+    from lmforge.common.store import local_path_of
 
     return local_path_of(uri)
 
@@ -367,8 +367,8 @@ def export_model(*, run_uri: str, step: int, models_store: str, version: str) ->
 def _local_split(data: str, split: str, cache: Path) -> Path:
     """A local directory holding `data`'s manifest.json, its `split` index and shards (downloaded
     from s3:// into `cache`; nothing else is fetched)."""
+    from lmforge.common.s3_store import S3Store
     from lmforge.common.shard_index import MANIFEST, parse_manifest, read_split_index
-    from lmforge.common.storage import S3Store
 
     if _store_is_local(data):
         return _local(data)

@@ -416,7 +416,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
 
     def run(self, job: TrainingJob, *, timeout_s: float) -> TrainingResult:
         from lmforge.common.checkpoint_layout import step_dirs
-        from lmforge.common.storage import local_path_of, scheme_of
+        from lmforge.common.store import local_path_of, scheme_of
 
         if scheme_of(job.checkpoint_store) not in ("", "file"):
             raise ValueError(f"checkpoint_store {job.checkpoint_store!r}: the local launcher keeps checkpoints in a "

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lmforge.common.atomic_files import atomic_path
 from lmforge.common.errors import LmforgeError
-from lmforge.common.storage import atomic_path
 
 
 def is_current(path: Path, text: str) -> bool:

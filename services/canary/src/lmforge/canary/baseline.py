@@ -24,7 +24,10 @@ from lmforge.canary.evalset import EvalSet
 from lmforge.canary.evaluate import EvalResult
 from lmforge.common.config import format_validation_error
 from lmforge.common.errors import InputError, LmforgeError, StorageError
-from lmforge.common.storage import LocalStore, S3Location, Store, local_path_of, open_store, scheme_of
+from lmforge.common.local_store import LocalStore
+from lmforge.common.s3 import S3Location
+from lmforge.common.storage import open_store
+from lmforge.common.store import Store, local_path_of, scheme_of
 
 FORMAT_VERSION = 1
 KIND = "lmforge-canary-baseline"

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.common.errors import StorageError
 from lmforge.common.logging import get_logger
 from lmforge.common.retry import RetryPolicy
 from lmforge.common.s3 import ObjectHead, S3Bucket
-from lmforge.common.storage import atomic_write_bytes
 
 COMMIT_MARKER = "COMMITTED"
 UPLOADED_MARKER = "UPLOADED"

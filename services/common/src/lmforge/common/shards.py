@@ -33,8 +33,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from lmforge.common.atomic_files import atomic_open
 from lmforge.common.errors import ShardFormatError
-from lmforge.common.storage import atomic_open
 
 MAGIC = b"LMFSHARD"
 FORMAT_VERSION = 1

@@ -4,7 +4,10 @@
   prefix: atomic writes, verified uploads, downloads, ranged reads, listings with ages, and
   one error mapping (LocalStore in local_store.py, S3Store in s3_store.py);
 - `open_input(uri)` streams one input (WET file, listing) from any of the three kinds of place;
-- the atomic local writes (atomic_files.py) are re-exported here.
+- the inputs' expansion (globs, s3:// globs) and sizes, and files' sha256.
+
+Each name is imported from its home (the Store and its errors from store.py, the atomic local
+writes from atomic_files.py), never through here.
 
 Every s3:// request goes through lmforge.common.s3 (verified multipart uploads, parallel ranged
 downloads, the one retry policy).
@@ -22,24 +25,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from lmforge.common.atomic_files import (
-    atomic_dir,
-    atomic_open,
-    atomic_path,
-    atomic_write_bytes,
-    chmod_as_plain_write,
-    current_umask,
-)
 from lmforge.common.errors import InputError, StorageError
 from lmforge.common.local_store import LocalStore
 from lmforge.common.s3 import S3Bucket, S3Location
 from lmforge.common.s3_store import S3Store
-from lmforge.common.store import AccessDenied, ObjectMissing, Store, local_path_of, scheme_of
-
-__all__ = ["HTTP_TIMEOUT_S", "AccessDenied", "LocalStore", "ObjectMissing", "S3Location", "S3Store", "Store",
-           "atomic_dir", "atomic_open", "atomic_path", "atomic_write_bytes", "chmod_as_plain_write", "current_umask",
-           "expand_inputs", "expand_inputs_with_sizes", "input_size", "local_path_of", "open_input", "open_store",
-           "scheme_of", "sha256_file"]
+from lmforge.common.store import Store, local_path_of, scheme_of
 
 HTTP_TIMEOUT_S = 60
 

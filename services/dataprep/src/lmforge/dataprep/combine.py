@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lmforge.common.errors import InputError, StorageError
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig, MinHashConfig
 from lmforge.dataprep.dedup_global import (

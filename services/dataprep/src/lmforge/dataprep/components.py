@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lmforge.common.errors import ConfigError, InputError
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import KIND_NEAR, KIND_REASONS, PartitionPlan

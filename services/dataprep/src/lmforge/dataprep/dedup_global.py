@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lmforge.common.errors import ConfigError, InputError, StorageError
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import MinHashConfig
 from lmforge.dataprep.dedup_keys import SIGNATURE_DTYPE, KeyFormat, KeyPart, read_key_part, read_signature_rows

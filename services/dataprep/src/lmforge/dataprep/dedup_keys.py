@@ -32,7 +32,7 @@ from typing import BinaryIO
 import numpy as np
 
 from lmforge.common.errors import InputError
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 
 _WORD = 8
 TRIPLE_BYTES = 3 * _WORD

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lmforge.common.parent_death import die_with_parent
-from lmforge.common.storage import Store, open_store
+from lmforge.common.storage import open_store
+from lmforge.common.store import Store
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.tasks import Task
 from lmforge.dataprep.timings import add_pool_task_cpu, process_cpu_seconds

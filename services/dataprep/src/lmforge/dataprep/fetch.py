@@ -31,7 +31,8 @@ from time import monotonic
 from lmforge.common.errors import InputError
 from lmforge.common.logging import StructLogger, get_logger
 from lmforge.common.retry import RetrySettings
-from lmforge.common.storage import HTTP_TIMEOUT_S, AccessDenied, ObjectMissing, Store, open_store
+from lmforge.common.storage import HTTP_TIMEOUT_S, open_store
+from lmforge.common.store import AccessDenied, ObjectMissing, Store
 
 DEFAULT_BASE_URL = "https://data.commoncrawl.org"
 KINDS = ("wet", "warc")  # Common Crawl's listings <kind>.paths.gz; WARC files hold the HTML responses

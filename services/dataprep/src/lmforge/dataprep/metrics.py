@@ -10,7 +10,7 @@ import json
 from prometheus_client import Counter, push_to_gateway
 
 from lmforge.common.metrics import new_registry
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.stats import StepStats, merge_stats
 

@@ -10,7 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lmforge.common.storage import LocalStore, Store
+from lmforge.common.local_store import LocalStore
+from lmforge.common.store import Store
 
 DOC_SCHEMA = pa.schema(
     [

@@ -28,8 +28,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from lmforge.common.config import dump_config
+from lmforge.common.local_store import LocalStore
 from lmforge.common.shard_index import parse_manifest, split_totals
-from lmforge.common.storage import LocalStore, Store, local_path_of, scheme_of
+from lmforge.common.store import Store, local_path_of, scheme_of
 from lmforge.dataprep import layout
 from lmforge.dataprep.dedup_global import KIND_NEAR, PartitionPlan
 from lmforge.dataprep.report_tasks import TaskSummary

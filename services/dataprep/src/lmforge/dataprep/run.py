@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lmforge.common.logging import StructLogger, get_logger
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.executor import Executor, local_executor
 

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lmforge.common.errors import ConfigError
-from lmforge.common.storage import Store, open_store
+from lmforge.common.storage import open_store
+from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.dedup_global import load_removed
 from lmforge.dataprep.parquet_io import iter_batches

@@ -23,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from lmforge.common.errors import InputError
+from lmforge.common.local_store import LocalStore
 from lmforge.common.shard_index import ShardEntry, new_manifest, write_split_index
 from lmforge.common.shards import HEADER_BYTES, ShardDigest, token_dtype, write_shard
-from lmforge.common.storage import LocalStore, Store
+from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.document import format_doc_id

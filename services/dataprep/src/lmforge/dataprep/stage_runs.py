@@ -36,7 +36,9 @@ from typing import TypeVar
 
 from lmforge.common.config import dump_config
 from lmforge.common.errors import ConfigError, InputError, StorageError
-from lmforge.common.storage import LocalStore, Store, expand_inputs_with_sizes, input_size, open_store
+from lmforge.common.local_store import LocalStore
+from lmforge.common.storage import expand_inputs_with_sizes, input_size, open_store
+from lmforge.common.store import Store
 from lmforge.dataprep import components, layout
 from lmforge.dataprep.combine import combine_tasks
 from lmforge.dataprep.config import DataprepConfig

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lmforge.common.errors import InputError
-from lmforge.common.storage import S3Location, open_input, open_store, scheme_of
+from lmforge.common.s3 import S3Location
+from lmforge.common.storage import open_input, open_store
+from lmforge.common.store import scheme_of
 from lmforge.dataprep import layout
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz")

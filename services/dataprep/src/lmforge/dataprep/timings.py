@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Iterator
 
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 from lmforge.dataprep.layout import TIMINGS
 from lmforge.dataprep.stages import STAGES
 from lmforge.dataprep.stats import PeakRss

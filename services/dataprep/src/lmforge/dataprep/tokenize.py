@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lmforge.common.errors import ConfigError, InputError
 from lmforge.common.shards import token_dtype
-from lmforge.common.storage import Store, local_path_of, scheme_of
+from lmforge.common.store import Store, local_path_of, scheme_of
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig, TokenizerConfig
 from lmforge.dataprep.dedup_global import KIND_REASONS, load_removed

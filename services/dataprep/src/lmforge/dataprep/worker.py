@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import PartitionPlan, resolved_minhash_config

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmforge.common.storage import atomic_write_bytes
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.demo.dashboards import load_dashboards, panel_targets, panels, requires_of, unit_of
 from lmforge.demo.prometheus import query_range
 from lmforge.demo.stat_panel import StatStyle, StatValue, stat_values

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from lmforge.common.storage import atomic_write_bytes
+from lmforge.common.atomic_files import atomic_write_bytes
 
 STATE_FILE = "processes.json"
 

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from lmforge.common.storage import atomic_write_bytes
+from lmforge.common.atomic_files import atomic_write_bytes
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:

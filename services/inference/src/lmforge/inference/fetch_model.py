@@ -17,10 +17,11 @@ import json
 import shutil
 from pathlib import Path
 
+from lmforge.common.atomic_files import atomic_dir
 from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import ConfigError, InputError
-from lmforge.common.s3 import S3Bucket
-from lmforge.common.storage import S3Location, atomic_dir, local_path_of, scheme_of
+from lmforge.common.s3 import S3Bucket, S3Location
+from lmforge.common.store import local_path_of, scheme_of
 from lmforge.model.hf_package import is_hf_config
 from lmforge.model.package import read_package_config, verify_package
 from lmforge.model.pointer import resolve_model

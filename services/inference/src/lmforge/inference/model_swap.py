@@ -29,7 +29,7 @@ import torch
 
 from lmforge.common.errors import StorageError
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import scheme_of
+from lmforge.common.store import scheme_of
 from lmforge.inference.config import ServeConfig
 from lmforge.inference.metrics import ServeMetrics
 from lmforge.inference.served_model import ServedModel, load_model

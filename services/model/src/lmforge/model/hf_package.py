@@ -23,8 +23,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lmforge.common.atomic_files import atomic_dir, chmod_as_plain_write
 from lmforge.common.errors import InputError, StorageError
-from lmforge.common.storage import atomic_dir, chmod_as_plain_write, sha256_file
+from lmforge.common.storage import sha256_file
 from lmforge.model import hf_config, hf_tokenizer
 from lmforge.model.config import GPTConfig
 

@@ -19,8 +19,11 @@ import json
 import shutil
 from pathlib import Path
 
+from lmforge.common.atomic_files import atomic_dir, chmod_as_plain_write
 from lmforge.common.errors import InputError, StorageError
-from lmforge.common.storage import S3Store, atomic_dir, chmod_as_plain_write, local_path_of, scheme_of, sha256_file
+from lmforge.common.s3_store import S3Store
+from lmforge.common.storage import sha256_file
+from lmforge.common.store import local_path_of, scheme_of
 from lmforge.model import hf_package
 from lmforge.model.config import GPTConfig
 from lmforge.model.transformer import GPT

@@ -23,9 +23,10 @@ import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.common.errors import InputError, StorageError
-from lmforge.common.s3 import S3Bucket
-from lmforge.common.storage import S3Location, atomic_write_bytes, local_path_of, scheme_of
+from lmforge.common.s3 import S3Bucket, S3Location
+from lmforge.common.store import local_path_of, scheme_of
 
 KIND = "lmforge-model-pointer"
 HISTORY = 10  # earlier values kept for rollback

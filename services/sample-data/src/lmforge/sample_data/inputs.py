@@ -8,7 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from lmforge.common.storage import local_path_of, open_store, scheme_of
+from lmforge.common.storage import open_store
+from lmforge.common.store import local_path_of, scheme_of
 from lmforge.sample_data.wet import SampleSummary, write_sample_wet
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lmforge.common.storage import atomic_open, atomic_write_bytes
+from lmforge.common.atomic_files import atomic_open, atomic_write_bytes
 from lmforge.sample_data.vocabulary import FOREIGN_LANGUAGES, english, languages, web
 
 KINDS = ("prose", "foreign", "boilerplate", "spam", "pii", "exact_dup", "near_dup", "url_dup")

@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.common.checkpoint_layout import (
     BAD_MARKER,
     BEST_FILE,
@@ -60,7 +61,6 @@ from lmforge.common.checkpoint_layout import (
 )
 from lmforge.common.errors import ConfigError, LmforgeError, StorageError, describe_os_error
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import atomic_write_bytes
 from lmforge.trainer.checkpoint_reader import (
     CheckpointReadError,
     SafeFileSystemReader,

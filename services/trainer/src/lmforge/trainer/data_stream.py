@@ -34,6 +34,8 @@ import numpy as np
 
 from lmforge.common.errors import ConfigError, InputError, ShardFormatError, StorageError
 from lmforge.common.logging import get_logger
+from lmforge.common.s3 import S3Location
+from lmforge.common.s3_store import S3Store
 from lmforge.common.shard_index import (
     MANIFEST,
     ShardEntry,
@@ -43,7 +45,7 @@ from lmforge.common.shard_index import (
     read_split_index,
 )
 from lmforge.common.shards import HEADER_BYTES, ShardHeader, token_dtype
-from lmforge.common.storage import ObjectMissing, S3Location, S3Store, local_path_of, scheme_of
+from lmforge.common.store import ObjectMissing, local_path_of, scheme_of
 from lmforge.trainer.block_cache import BlockCache
 from lmforge.trainer.data import SampleRef, SequenceCounts, ShardSource, locate_sequence
 from lmforge.trainer.sampling import Sampler

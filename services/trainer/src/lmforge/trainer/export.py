@@ -12,7 +12,8 @@ from pathlib import Path
 
 from lmforge.common.checkpoint_layout import BAD_MARKER, COMMIT_MARKER
 from lmforge.common.errors import ConfigError, InputError, StorageError
-from lmforge.common.storage import S3Store, scheme_of
+from lmforge.common.s3_store import S3Store
+from lmforge.common.store import scheme_of
 from lmforge.model import hf_config, hf_package
 from lmforge.model import package as model_package
 from lmforge.model.config import GPTConfig

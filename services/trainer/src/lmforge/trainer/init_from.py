@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmforge.common.errors import ConfigError
-from lmforge.common.storage import scheme_of
+from lmforge.common.store import scheme_of
 from lmforge.model.config import GPTConfig
 from lmforge.model.package import load_package
 from lmforge.model.transformer import GPT

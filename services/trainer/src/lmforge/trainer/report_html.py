@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmforge.common.storage import atomic_write_bytes
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.pages.chart_axes import nice_ticks
 from lmforge.pages.formatting import duration, number, percent
 from lmforge.pages.html_pages import render

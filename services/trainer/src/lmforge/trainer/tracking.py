@@ -23,9 +23,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import urlparse
 
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.common.errors import ConfigError
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import atomic_write_bytes
 
 if TYPE_CHECKING:
     from lmforge.trainer.config import TrackingSection

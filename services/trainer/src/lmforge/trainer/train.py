@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from lmforge.common.errors import LmforgeError
-from lmforge.common.storage import scheme_of
+from lmforge.common.store import scheme_of
 from lmforge.model.config import GPTConfig
 from lmforge.model.moe import update_router_biases
 from lmforge.model.transformer import GPT, flops_per_token, parameter_counts

@@ -13,7 +13,8 @@ from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import ConfigError
 from lmforge.common.logging import get_logger
 from lmforge.common.retry import RetryPolicy
-from lmforge.common.storage import Store, open_store
+from lmforge.common.storage import open_store
+from lmforge.common.store import Store
 from lmforge.uploader.config import TransferSection, UploaderConfig, load_uploader_config
 from lmforge.uploader.metrics import UploaderMetrics
 from lmforge.uploader.restore import restore

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import Store
+from lmforge.common.store import Store
 
 LEASE_PREFIX = "checkpoints/.uploaders/"
 EVERYTHING = frozenset({""})  # what an unreadable lease is taken to claim

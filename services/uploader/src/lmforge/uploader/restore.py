@@ -21,6 +21,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.common.checkpoint_layout import (
     BAD_MARKER,
     COMMIT_MARKER,
@@ -31,7 +32,8 @@ from lmforge.common.checkpoint_layout import (
 )
 from lmforge.common.errors import InputError, ShardFormatError
 from lmforge.common.logging import get_logger
-from lmforge.common.storage import Store, atomic_write_bytes, sha256_file
+from lmforge.common.storage import sha256_file
+from lmforge.common.store import Store
 from lmforge.uploader.manifest import MANIFEST, local_mismatch, parse_manifest, remote_step_prefix
 
 log = get_logger("uploader")

@@ -32,6 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.common.checkpoint_layout import (
     BAD_MARKER,
     COMMIT_MARKER,
@@ -49,7 +50,7 @@ from lmforge.common.checkpoint_layout import (
 from lmforge.common.errors import LmforgeError
 from lmforge.common.logging import get_logger
 from lmforge.common.retry import Cancelled
-from lmforge.common.storage import Store, atomic_write_bytes
+from lmforge.common.store import Store
 from lmforge.uploader.config import UploaderConfig
 from lmforge.uploader.lease import Claims, UploadLease
 from lmforge.uploader.manifest import (

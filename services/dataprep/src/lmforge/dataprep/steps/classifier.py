@@ -20,7 +20,9 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from lmforge.common.errors import ConfigError
-from lmforge.common.storage import S3Location, open_store, scheme_of
+from lmforge.common.s3 import S3Location
+from lmforge.common.storage import open_store
+from lmforge.common.store import scheme_of
 from lmforge.dataprep.classifier_text import DEFAULT_MAX_CHARS, label_name, predict_probabilities
 from lmforge.dataprep.document import Document
 from lmforge.dataprep.step_base import BaseFilter

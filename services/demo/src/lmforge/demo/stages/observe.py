@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmforge.common.storage import atomic_write_bytes
+from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.demo.chart import rule_file
 from lmforge.demo.config import ObserveSection
 from lmforge.demo.dashboards_page import fetch, render_page

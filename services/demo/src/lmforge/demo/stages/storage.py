@@ -7,7 +7,8 @@ from __future__ import annotations
 import sys
 
 from lmforge.common.s3 import S3Bucket
-from lmforge.common.storage import Store, open_store
+from lmforge.common.storage import open_store
+from lmforge.common.store import Store
 from lmforge.demo.processes import Supervisor, wait_http_ok
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "lmforge-demo", "AWS_SECRET_ACCESS_KEY": "lmforge-demo",
