@@ -217,7 +217,7 @@ def run_as_pods(counter: RequestCounter, output: str, inputs: list[str], sets: l
     def task_count(stage: str, round_: int | None = None) -> int:
         with counter.scoped("driver", stage):
             run = stage_runs.open_run(output, None, None) if stage != "inputs" else None
-            return len(inputs) if run is None else len(stage_runs.stage_tasks(run, stage, round_))
+            return len(inputs) if run is None else stage_runs.stage_task_count(run, stage, round_)
 
     for stage in STAGES:
         if stage.kind == ROUNDS:

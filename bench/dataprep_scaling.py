@@ -397,10 +397,10 @@ class _Env:
 
 def _task_count(output: str, stage: str, env: dict, round_: int | None = None) -> int:
     """Tasks of a split stage, from the run's recorded inputs and config (read back from S3)."""
-    from lmforge.dataprep.stage_runs import open_run, stage_tasks
+    from lmforge.dataprep.stage_runs import open_run, stage_task_count
 
     with _Env(env):
-        return len(stage_tasks(open_run(output, None, None), stage, round_))
+        return stage_task_count(open_run(output, None, None), stage, round_)
 
 
 def _round_states(output: str, env: dict, round_: int) -> set[str]:

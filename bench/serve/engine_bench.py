@@ -85,15 +85,22 @@ class Side:
     """One engine implementation (whichever lmforge is importable) and the model it serves."""
 
     def __init__(self):
+        import importlib
+        import importlib.util
         import inspect
 
         import torch
 
         from lmforge.inference import engine as engine_module
         from lmforge.inference.sampling import SamplingParams
-        from lmforge.model import kv_cache
-        from lmforge.model.config import GPTConfig
-        from lmforge.model.transformer import GPT
+
+        # a revision before lmforge.model (issue 32) kept the model in lmforge.common
+        if importlib.util.find_spec("lmforge.common.kv_cache"):
+            modules = ("lmforge.common.kv_cache", "lmforge.common.model_config", "lmforge.common.model")
+        else:
+            modules = ("lmforge.model.kv_cache", "lmforge.model.config", "lmforge.model.transformer")
+        kv_cache, config_module, model_module = map(importlib.import_module, modules)
+        GPTConfig, GPT = config_module.GPTConfig, model_module.GPT
 
         # today's slot cache is KVCache, the paged one PagedKVCache: both say bytes_per_token
         cache_class = getattr(kv_cache, "KVCache", None) or kv_cache.PagedKVCache

@@ -32,11 +32,14 @@ from tests.shard_listing import local_shards
 CLI = {"dataprep": "lmforge-dataprep", "trainer": "lmforge-train", "uploader": "lmforge-uploader",
        "inference": "lmforge-serve", "canary": "lmforge-canary"}
 OWN = {
-    "dataprep": {"lmforge-common", "lmforge-dataprep", "lmforge-pipelines"},
+    # lmforge-pages: the report's HTML; lmforge-model (without torch): the pipelines' rollout reads its
+    # package and pointer formats.
+    "dataprep": {"lmforge-common", "lmforge-pages", "lmforge-model", "lmforge-dataprep", "lmforge-pipelines"},
     # lmforge-uploader: the export step restores the run's checkpoint with `lmforge-uploader restore`.
-    "trainer": {"lmforge-common", "lmforge-trainer", "lmforge-uploader", "lmforge-pipelines"},
+    "trainer": {"lmforge-common", "lmforge-pages", "lmforge-model", "lmforge-trainer", "lmforge-uploader",
+                "lmforge-pipelines"},
     "uploader": {"lmforge-common", "lmforge-uploader"},
-    "inference": {"lmforge-common", "lmforge-inference"},
+    "inference": {"lmforge-common", "lmforge-model", "lmforge-inference"},
     "canary": {"lmforge-common", "lmforge-canary"},
 }
 MUST_HAVE = {

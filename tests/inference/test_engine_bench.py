@@ -21,11 +21,11 @@ def bench():
 
 
 def test_a_side_runs_the_engine_of_its_own_sources_and_the_table_reads_its_rows(bench, tmp_path):
-    for service in ("common", "inference"):  # a copy stands for the extracted baseline
+    for service in ("common", "model", "inference"):  # a copy stands for the extracted baseline
         shutil.copytree(REPO / "services" / service / "src", tmp_path / "services" / service / "src",
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     sources = bench.source_dirs(tmp_path)
-    assert len(sources) == 2
+    assert len(sources) == 3
     side = bench.run_side("old", sources, [{"figure": "prefix", "prefix_caching": False, "count": 3, "seed": 4}])
     assert side["engine_file"].startswith(str(tmp_path / "services" / "inference" / "src"))
     assert side["threads"] == 1
