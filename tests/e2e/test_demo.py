@@ -219,9 +219,16 @@ def test_the_summary_links_a_page_drawing_every_dashboard_panel(demo):
 # -- the demo as a command ---------------------------------------------------------------------------
 
 
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C's disposition as a shell gives a foreground job: a test run started as a background
+    job of a non-interactive shell (`make test &`) ignores SIGINT, and its children inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_demo(workdir: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "lmforge.demo", "run", "--set", f"workdir={workdir}", *[
-        a for pair in SCALED for a in ("--set", pair)]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        a for pair in SCALED for a in ("--set", pair)]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_as_a_terminal_starts_it)
 
 
 def _wait_for_training(workdir: Path, demo: subprocess.Popen) -> list[int]:
