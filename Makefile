@@ -70,7 +70,7 @@ image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONT
 
 .PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-quality-steps \
 	bench-dataprep-scaling bench-dataprep-crawl bench-html-extraction bench-train-memory \
-	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-serve-engine bench-gpu clean
+	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-serve-engine bench-serve-split bench-gpu clean
 .DEFAULT_GOAL := help
 
 # Every target with a `## ` note, one line each (image-SERVICE's note is its own `## ` line).
@@ -172,6 +172,9 @@ bench-serve: setup ## lmforge-serve under concurrent streaming load: tokens/s, T
 
 bench-serve-engine: setup ## the paged inference engine against today's (a git revision), same KV memory: sequences admitted, tokens/s, long-prompt stall, prefix caching
 	$(PY) bench/serve/engine_bench.py
+
+bench-serve-split: setup ## lmforge-serve of a git revision (main before the engine-core process) against the working tree's, over HTTP: tokens/s, TTFT/TPOT p50/p99, server CPU per token, 1/16/64 clients
+	$(PY) bench/serve/engine_split_bench.py
 
 # Every GPU figure in docs/benchmarks.md, on a machine with CUDA devices (fails fast without one).
 bench-gpu: setup ## every GPU figure: training MFU (350m, llama-350m, llama-1b, beside the planner's and added to its calibration; llama-1b Float8 and activation checkpointing), serving vs HF generate

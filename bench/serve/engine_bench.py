@@ -51,12 +51,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baseline_tree import extract_baseline, isolate_sources, resolve_rev, source_dirs, sources_env  # noqa: E402
 from loadgen import percentile  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "bench" / "out" / "engine-bench.json"
 BASELINE_REV = "7c8248c23d0e3bbd8e77f5694ca3e7deb604762d"  # main before the paged engine (issue 21)
-SRC_ENV = "LMFORGE_BENCH_SRC"  # the worker's lmforge source dirs (os.pathsep-separated)
 
 BUDGET_SEQUENCES = {1: 8, 3: 17, 4: 4}  # old engine's slots (the memory budget) per figure; figure 2: C slots
 MIXES = {"typical": ((16, 64), (32, 64)), "long": ((96, 160), (32, 64))}  # (prompt, output) token ranges
@@ -356,34 +356,12 @@ def worker(spec: dict) -> dict:
             "threads": torch.get_num_threads(), "results": results}
 
 
-def isolate_sources() -> None:
-    """Keep only this side's lmforge sources on sys.path (the venv's editable installs add the
-    working tree's services/*/src, which would shadow nothing but could fill in missing modules)."""
-    keep = [p for p in os.environ[SRC_ENV].split(os.pathsep) if p]
-    sys.path[:] = keep + [p for p in sys.path if p not in keep and not (Path(p) / "lmforge").is_dir()]
-
-
 # ------------------------------------------------------------------------------------------------
 # driver
 
 
-def source_dirs(root: Path) -> list[str]:
-    return sorted(str(p) for p in (root / "services").glob("*/src") if (p / "lmforge").is_dir())
-
-
-def extract_baseline(rev: str, into: Path) -> list[str]:
-    try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "services/"], check=True,
-                                 capture_output=True).stdout
-    except subprocess.CalledProcessError as err:
-        raise SystemExit(f"--baseline-rev {rev}: git archive failed: {err.stderr.decode().strip()}") from None
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return source_dirs(into)
-
-
 def run_side(name: str, sources: list[str], jobs: list[dict]) -> dict:
-    env = {**os.environ, SRC_ENV: os.pathsep.join(sources), "PYTHONPATH": os.pathsep.join(sources),
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, **sources_env(sources), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     started = time.monotonic()
     done = subprocess.run([sys.executable, __file__, "--worker", json.dumps({"jobs": jobs})], env=env,
                           capture_output=True, text=True, timeout=WORKER_TIMEOUT)
@@ -553,11 +531,7 @@ def main() -> None:
         raise SystemExit(f"--figures {args.figures!r}: expected numbers from 1,2,3,4") from None
     if not figures <= {1, 2, 3, 4} or args.rounds < 1:
         raise SystemExit("--figures takes numbers from 1,2,3,4; --rounds at least 1")
-    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{args.baseline_rev}^{{commit}}"],
-                         capture_output=True, text=True)
-    if rev.returncode:
-        raise SystemExit(f"--baseline-rev {args.baseline_rev}: not a commit of this repository")
-    baseline_rev = rev.stdout.strip()
+    baseline_rev = resolve_rev(args.baseline_rev)
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "services/"],
                                 capture_output=True, text=True).stdout.strip())

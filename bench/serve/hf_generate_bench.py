@@ -30,10 +30,11 @@ host (transformers copies them with `.cpu()`, a device synchronisation, before `
 Each row must hold exactly max_new_tokens tokens and no end-of-text (checked), so the token
 counts equal lmforge's.
 
-    python bench/serve/hf_generate_bench.py                      # 350m on cuda, 1/16/64 clients
+    python bench/serve/hf_generate_bench.py                      # 350m, then llama-1b, on cuda, 1/16/64 clients
     python bench/serve/hf_generate_bench.py --device cpu --preset tiny --clients 1 4 --requests 4 --max-tokens 8
 
-Results: bench/out/hf-generate-gpu.json (rewritten after every row) and a Markdown table;
+Presets: serve_bench's GPU suite's (350m and llama-1b), one model at a time; `--preset` picks others.
+Results: bench/out/hf-generate-gpu.json (rewritten after every row; rows keyed by preset) and a Markdown table;
 bench/serve/serve_vs_hf.py puts them beside serve_bench's.
 """
 
@@ -164,7 +165,9 @@ def compiled_graphs() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default=SUITE["preset"])
+    parser.add_argument("--preset", nargs="+", default=SUITE["presets"],
+                        help="model preset(s), one after the other, space- or comma-separated (default: "
+                             "%(default)s)")
     parser.add_argument("--device", default=SUITE["device"])
     parser.add_argument("--dtype", choices=["bfloat16", "float32"],
                         help="weights and compute (default: bfloat16 on cuda, float32 on cpu)")
@@ -183,8 +186,6 @@ def main() -> None:
     args = parser.parse_args()
     import torch
     import transformers
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (use --device cpu --preset tiny for a check)")
@@ -193,25 +194,47 @@ def main() -> None:
     work = REPO / "bench" / "out" / "serve"
     work.mkdir(parents=True, exist_ok=True)
 
+    presets = [p for value in args.preset for p in value.split(",") if p]
     started = time.perf_counter()
-    package, texts = package_for(work, args.preset, SUITE["context_length"], args.seed, args.rebuild)
+    report = {"engine": f"transformers {transformers.__version__} generate, static cache",
+              "settings": {"presets": presets, "device": args.device, "dtype": dtype, "clients": args.clients,
+                           "requests": args.requests, "max_tokens": args.max_tokens, "rounds": args.rounds,
+                           "compile": args.compile, "do_sample": False, "cache_implementation": "static"},
+              "models": {}, "machine": machine(), "date": time.strftime("%Y-%m-%d"), "prompt_tokens": {},
+              "table": [], "rounds": [], "checks": {}}
+    for preset in presets:
+        run_preset(preset, args, dtype, work, report, out, started)
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()  # the previous preset's model is gone: its memory back for the next
+    out.with_suffix(".md").write_text(markdown(report) + "\n")
+    print()
+    print(markdown(report))
+    print(f"\nresults: {out}")
+    if not report["checks"]["all_ran_to_max_tokens"]:
+        raise SystemExit("check failed: a row did not generate exactly max_tokens tokens (end-of-text reached?)")
+
+
+def run_preset(preset: str, args: argparse.Namespace, dtype: str, work: Path, report: dict, out: Path,
+               started: float) -> None:
+    """One preset: serve_bench's package exported to the HF format, loaded, and every client count's
+    rounds (report rows appended; the JSON rewritten after each)."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    loaded = time.perf_counter()
+    package, texts = package_for(work, preset, SUITE["context_length"], args.seed, args.rebuild)
     prompts, prompt_sizes = prompt_mix(texts, package / "tokenizer.json", PROMPTS, SUITE["prompt_tokens"], args.seed)
-    hf_dir = export_hf(package, work / f"hf-{args.preset}-ctx{SUITE['context_length']}")
+    hf_dir = export_hf(package, work / f"hf-{preset}-ctx{SUITE['context_length']}")
     tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     eos_id = tokenizer.token_to_id(EOT)
     prompt_ids = [e.ids for e in tokenizer.encode_batch(prompts, add_special_tokens=False)]  # as lmforge-serve does
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
     print(f"{package} exported to {hf_dir} and loaded as {type(model).__name__} ({dtype}, {args.device}, "
-          f"attention {model.config._attn_implementation}) in {time.perf_counter() - started:.1f} s; "
+          f"attention {model.config._attn_implementation}) in {time.perf_counter() - loaded:.1f} s; "
           f"{len(prompts)} prompts of {min(prompt_sizes)}-{max(prompt_sizes)} tokens", flush=True)
-
-    report = {"engine": f"transformers {transformers.__version__} generate, static cache",
-              "settings": {"preset": args.preset, "device": args.device, "dtype": dtype, "clients": args.clients,
-                           "requests": args.requests, "max_tokens": args.max_tokens, "rounds": args.rounds,
-                           "compile": args.compile, "do_sample": False, "cache_implementation": "static",
-                           "attention": model.config._attn_implementation, "model_class": type(model).__name__},
-              "machine": machine(), "date": time.strftime("%Y-%m-%d"), "prompt_tokens": prompt_sizes,
-              "table": [], "rounds": [], "checks": {}}
+    report["models"][preset] = {"attention": model.config._attn_implementation, "model_class": type(model).__name__}
+    report["prompt_tokens"][preset] = prompt_sizes
     longest = max(len(ids) for ids in prompt_ids)
     with torch.inference_mode():
         for clients in args.clients:
@@ -226,36 +249,31 @@ def main() -> None:
                 graphs = compiled_graphs()
                 result = measure(model, prompt_ids, clients, requests, args.max_tokens, eos_id, args.device,
                                  args.compile, args.seed)
-                result.update(round=round_index + 1, compiled_graphs=compiled_graphs() - graphs)
+                result.update(preset=preset, round=round_index + 1, compiled_graphs=compiled_graphs() - graphs)
                 rows.append(result)
-                print(f"round {round_index + 1}: {clients} clients, {requests} requests, {result['generated_tokens']} "
-                      f"tokens in {result['wall_s']:.2f} s: {result['tokens_per_s']:.1f} tokens/s; TTFT p50 "
+                print(f"{preset} round {round_index + 1}: {clients} clients, {requests} requests, "
+                      f"{result['generated_tokens']} tokens in {result['wall_s']:.2f} s: "
+                      f"{result['tokens_per_s']:.1f} tokens/s; TTFT p50 "
                       f"{ms(result['ttft_p50_s'])} ms p95 {ms(result['ttft_p95_s'])} ms; TPOT p50 "
                       f"{ms(result['tpot_p50_s'])} ms p95 {ms(result['tpot_p95_s'])} ms; all ran to max_tokens: "
                       f"{result['all_ran_to_max_tokens']}; warm-up {warmup['seconds']:.1f} s "
                       f"({warmup['compiled_graphs']} graphs compiled), {result['compiled_graphs']} while measured",
                       flush=True)
             report["rounds"].extend(rows)
-            report["table"].append(summarize(clients, rows, warmup))
+            report["table"].append(summarize(preset, clients, rows, warmup))
             report["checks"] = {"all_ran_to_max_tokens": all(r["all_ran_to_max_tokens"] for r in report["rounds"])}
             report["seconds"] = time.perf_counter() - started
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(report, indent=1))  # after every row: a timeout keeps what was measured
-    out.with_suffix(".md").write_text(markdown(report) + "\n")
-    print()
-    print(markdown(report))
-    print(f"\nresults: {out}")
-    if not report["checks"]["all_ran_to_max_tokens"]:
-        raise SystemExit("check failed: a row did not generate exactly max_tokens tokens (end-of-text reached?)")
 
 
-def summarize(clients: int, rows: list[dict], warmup: dict) -> dict:
+def summarize(preset: str, clients: int, rows: list[dict], warmup: dict) -> dict:
     """Per concurrency: tokens/s as the median of the rounds; percentiles over all rounds' requests."""
     def pooled(key: str) -> list[float]:
         return [b[key] for r in rows for b in r["batches"] for _ in range(b["rows"]) if b[key] is not None]
 
     rates = [r["tokens_per_s"] for r in rows]
-    return {"clients": clients, "rounds": len(rows), "tokens_per_s": percentile(rates, 50),
+    return {"preset": preset, "clients": clients, "rounds": len(rows), "tokens_per_s": percentile(rates, 50),
             "tokens_per_s_rounds": rates, "generated_tokens_per_round": [r["generated_tokens"] for r in rows],
             "ttft_p50_s": percentile(pooled("ttft_s"), 50), "ttft_p95_s": percentile(pooled("ttft_s"), 95),
             "tpot_p50_s": percentile(pooled("tpot_s"), 50), "tpot_p95_s": percentile(pooled("tpot_s"), 95),
@@ -265,13 +283,14 @@ def summarize(clients: int, rows: list[dict], warmup: dict) -> dict:
 
 def markdown(report: dict) -> str:
     s = report["settings"]
-    lines = [f"{report['engine']}, {s['model_class']} {s['preset']} ({s['dtype']}, {s['device']}, compile "
+    models = ", ".join(f"{m['model_class']} {preset}" for preset, m in report["models"].items())
+    lines = [f"{report['engine']}, {models} ({s['dtype']}, {s['device']}, compile "
              f"{s['compile']}), {s['max_tokens']} new tokens per request, greedy",
-             "", "| clients | tokens/s (median of rounds) | rounds | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | "
-             "TPOT p95 ms | warm-up s | graphs compiled |", "|---|---|---|---|---|---|---|---|---|"]
+             "", "| preset | clients | tokens/s (median of rounds) | rounds | TTFT p50 ms | TTFT p95 ms | "
+             "TPOT p50 ms | TPOT p95 ms | warm-up s | graphs compiled |", "|---|---|---|---|---|---|---|---|---|---|"]
     for t in report["table"]:
         rounds = ", ".join(f"{r:.0f}" for r in t["tokens_per_s_rounds"])
-        lines.append(f"| {t['clients']} | {t['tokens_per_s']:.0f} | {rounds} | {ms(t['ttft_p50_s'])} | "
+        lines.append(f"| {t['preset']} | {t['clients']} | {t['tokens_per_s']:.0f} | {rounds} | {ms(t['ttft_p50_s'])} | "
                      f"{ms(t['ttft_p95_s'])} | {ms(t['tpot_p50_s'])} | {ms(t['tpot_p95_s'])} | {t['warmup_s']:.1f} | "
                      f"{t['compiled_graphs']} |")
     lines.append(f"checks: {report['checks']}")

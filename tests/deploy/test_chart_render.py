@@ -256,9 +256,11 @@ def test_rbac_is_one_namespaced_role_with_exactly_the_pipeline_verbs(name):
         ("batch", "jobs"): sorted(["create", "get", "list", "watch", "delete"]),
         ("", "pods"): sorted(["get", "list", "watch"]),
         ("", "pods/log"): ["get"],
-        # The rollout step reads this release's inference Deployment (it moves the model pointer,
-        # never the Deployment: no patch) and runs a Job from its canary CronJob.
-        ("apps", "deployments"): ["get"],
+        # The rollout step reads this release's inference Deployment and runs a Job from its canary
+        # CronJob; lmforge-serve follows the pointer (no patch), vLLM is restarted (patch) and
+        # called with the key from its API keys Secret (test_the_rollout_may_restart_only_a_vllm_deployment).
+        ("apps", "deployments"): ["get", "patch"] if name == "vllm" else ["get"],
+        **({("", "secrets"): ["get"]} if name == "vllm" else {}),
         **({} if name == "canary-off" else {("batch", "cronjobs"): ["get"]}),
     }
     assert all("*" not in r["verbs"] for r in role["rules"])
@@ -267,6 +269,8 @@ def test_rbac_is_one_namespaced_role_with_exactly_the_pipeline_verbs(name):
             assert rule["resourceNames"] == ["lmforge-inference"]
         elif rule["resources"] == ["cronjobs"]:
             assert rule["resourceNames"] == ["lmforge-canary"]
+        elif rule["resources"] == ["secrets"]:
+            assert rule["resourceNames"] == ["lmforge-api-keys"]
         else:
             assert "resourceNames" not in rule
     (binding,) = find(objects, "RoleBinding")
@@ -279,6 +283,30 @@ def test_rbac_is_one_namespaced_role_with_exactly_the_pipeline_verbs(name):
     assert accounts["lmforge-workloads"]["automountServiceAccountToken"] is False
     for where, pod in all_pods(name):
         assert pod["serviceAccountName"] == "lmforge-workloads", where  # the runner's rights stay with the runner
+
+
+READ_DEPLOYMENT = {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["lmforge-inference"],
+                   "verbs": ["get"]}
+RESTART_DEPLOYMENT = {**READ_DEPLOYMENT, "verbs": ["get", "patch"]}
+READ_KEY_SECRET = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["lmforge-api-keys"], "verbs": ["get"]}
+
+
+def _runner_rules(values: dict) -> list[dict]:
+    (role,) = find(render(values), "Role")
+    return role["rules"]
+
+
+def test_the_rollout_may_restart_only_a_vllm_deployment_and_read_only_its_key_secret():
+    """backend vllm turns the Deployment's get into get+patch (the rollout's restart) and adds get on
+    the API keys Secret (its test completion's key), both by name; backend lmforge has neither."""
+    vllm = VALUE_SETS["vllm"]
+    lmforge = {**vllm, "inference": {**vllm["inference"], "backend": "lmforge"}}  # same apiKeys Secret
+    keyless = {**vllm, "inference": {**vllm["inference"], "apiKeys": {"secretName": ""}}}
+    vllm_rules, lmforge_rules, keyless_rules = _runner_rules(vllm), _runner_rules(lmforge), _runner_rules(keyless)
+    assert [r for r in vllm_rules if r not in lmforge_rules] == [RESTART_DEPLOYMENT, READ_KEY_SECRET]
+    assert [r for r in lmforge_rules if r not in vllm_rules] == [READ_DEPLOYMENT]
+    assert [r for r in keyless_rules if r not in lmforge_rules] == [RESTART_DEPLOYMENT]  # no Secret to read
+    assert [r for r in lmforge_rules if r not in keyless_rules] == [READ_DEPLOYMENT]
 
 
 def test_rbac_and_service_accounts_can_be_left_to_the_cluster():

@@ -1,21 +1,26 @@
 """The chart with inference.backend vllm (value set "vllm"): the inference Deployment runs vLLM's
-OpenAI server on the Hugging Face format package an init container fetches, with the platform's
-API keys Secret, probes, security context, NetworkPolicy, HPA and metrics. Schema validation of
-every object is in test_chart_render.py (parametrized over the value sets); the recording rules
-in tests/observability/test_vllm_rules.py."""
+OpenAI server (pinned by digest) on the Hugging Face format package an init container fetches,
+with the platform's API keys Secret, probes, security context, NetworkPolicy, HPA and metrics; it
+is marked for the rollout, which restarts it, and it names the model pointer, never a package, so
+that `helm upgrade` keeps the rolled-out model. Schema validation of every object is in
+test_chart_render.py (parametrized over the value sets); the recording rules in
+tests/observability/test_vllm_rules.py; the rollout's restart in tests/pipelines/test_rollout_vllm.py."""
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 
 import pytest
-from helm_python import HelmRenderError
+import yaml
+from helm_python import Chart, HelmRenderError
 
 from lmforge.inference.fetch_model import CLI as FETCH
+from lmforge_pipelines import vllm_pods
 from tests.deploy.chart_values import VALUE_SETS, container, rendered
-from tests.helm_chart import find, render
+from tests.helm_chart import CHART, find, render
 
 VLLM = VALUE_SETS["vllm"]
 KEYS = "/var/run/secrets/lmforge/api-keys/keys"
@@ -49,8 +54,10 @@ def test_vllm_serves_the_fetched_package_with_the_values(pod):
     served = {m["name"]: m for m in server["volumeMounts"]}["model"]
     assert served["mountPath"] == mount and served["readOnly"] is True
     assert {v["name"]: v for v in spec["volumes"]}["model"]["emptyDir"]["sizeLimit"] == "20Gi"
-    # vLLM's server, pinned, on that directory, with the values' settings.
-    assert server["image"] == "vllm/vllm-openai:v0.10.1.1"
+    # vLLM's server, pinned by tag and digest (docs/vllm.md, "The image"), on that directory, with the values' settings.
+    assert server["image"] == ("vllm/vllm-openai:v0.31.0@sha256:"
+                               "c1c9f6fd5c109ba7f0546a59f5b2f15fb87f64c77782e90a27b648b42a8e67c3")
+    assert re.fullmatch(r"vllm/vllm-openai:v\d+\.\d+\.\d+@sha256:[0-9a-f]{64}", server["image"])
     assert server["command"][:2] == ["/bin/sh", "-c"] and server["command"][2].rstrip().endswith('exec vllm serve "$@"')
     served_args = server["args"]
     assert served_args[0] == args.output
@@ -185,3 +192,46 @@ def test_the_lmforge_backend_is_unchanged_by_default():
     spec = deployment["spec"]["template"]["spec"]
     assert "initContainers" not in spec
     assert container(spec, "inference")["command"] == ["lmforge-serve"]
+
+
+def render_upgrade(values: dict) -> list[dict]:
+    """What `helm upgrade` (revision 2) renders with `values`."""
+    manifests = Chart.load(CHART).render(values, name="lmforge", namespace="ml", revision=2, is_upgrade=True)
+    return [o for path, text in manifests.items() if not path.endswith("NOTES.txt") for o in yaml.safe_load_all(text)
+            if o]
+
+
+def test_the_deployment_is_marked_vllm_for_the_rollout(objects):
+    (deployment,) = find(objects, "Deployment", "lmforge-inference")
+    assert deployment["metadata"]["annotations"] == {"lmforge.io/inference-backend": "vllm"}
+    assert vllm_pods.is_vllm(deployment)
+    assert vllm_pods.served_model_name(deployment, "inference") == "lmforge-hf"
+    assert vllm_pods.api_key_secret(deployment) == ("lmforge-api-keys", "api-keys")
+    (lmforge_serve,) = find(render(), "Deployment", "lmforge-inference")
+    assert not vllm_pods.is_vllm(lmforge_serve)  # followed in place, never restarted by a rollout
+    # The mark is on the Deployment, not its pod template: adding it restarts no pod.
+    assert "lmforge.io/inference-backend" not in str(deployment["spec"]["template"])
+
+
+def test_helm_upgrade_after_a_rollout_keeps_the_rolled_out_model():
+    """The rollout moves the pointer and restarts the pods (the pod template's restartedAt); the
+    chart names the pointer and renders no restartedAt, so a `helm upgrade` with the same values
+    renders the same pod template (no restart; Helm's three-way merge keeps the live restartedAt,
+    a field the chart never rendered), and any pod it does start fetches what the pointer names."""
+    pointer = VLLM["inference"]["model"]
+    install = find(render(VLLM, namespace="ml"), "Deployment", "lmforge-inference")[0]["spec"]["template"]
+    upgrade = find(render_upgrade(VLLM), "Deployment", "lmforge-inference")[0]["spec"]["template"]
+    assert upgrade == install
+    fetch = container(install["spec"], "fetch-model")
+    assert FETCH.parse_args(fetch["args"]).model == pointer and pointer.endswith("/models/current")
+    assert vllm_pods.RESTARTED_AT not in str(install)
+    # No package anywhere in the pod: vLLM serves the fetched directory under the pointer's served name.
+    server = container(install["spec"], "inference")
+    assert server["args"][0] == FETCH.parse_args(fetch["args"]).output
+    assert not any("s3://" in arg for arg in server["args"])
+    # An upgrade that changes the pods (more memory for vLLM) still names only the pointer.
+    changed = {**VLLM, "inference": {**VLLM["inference"], "vllm": {**VLLM["inference"]["vllm"],
+                                                                    "gpuMemoryUtilization": 0.8}}}
+    changed_pod = find(render_upgrade(changed), "Deployment", "lmforge-inference")[0]["spec"]["template"]
+    assert changed_pod != install
+    assert FETCH.parse_args(container(changed_pod["spec"], "fetch-model")["args"]).model == pointer

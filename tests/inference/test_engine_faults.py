@@ -1,7 +1,11 @@
 """A fault in one request's step fails that request only: it is logged with its request id, its
 client gets an error (a 500, or an error event in a stream), its KV blocks are freed, and the
 engine serves the others on, their seeded outputs unchanged. A fault the engine cannot serve on
-breaks its thread: logged once with its traceback, and /healthz fails so the pod is restarted."""
+breaks the engine: logged once with its traceback, and /healthz fails so the pod is restarted.
+
+The service tests run the engine in a thread of the test process (`engine_layout: thread`, the
+same engine core and messages as its own process), so that a fault can be injected into it;
+tests/inference/test_engine_process.py covers the engine's own process."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import json
 import logging
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -20,7 +25,9 @@ from lmforge.common.logging import JsonLineFormatter
 from lmforge.inference import model_runner
 from lmforge.inference.config import ServeConfig
 from lmforge.inference.engine import Engine
+from lmforge.inference.engine_core import HEARTBEAT_SECONDS
 from lmforge.inference.sampling import SamplingParams
+from lmforge.inference.scheduler import Scheduler
 from lmforge.inference.service import InferenceService
 from lmforge.model.config import GPTConfig
 from lmforge.model.transformer import GPT
@@ -119,7 +126,7 @@ def test_a_forward_fault_fails_the_steps_sequences_and_the_engine_serves_on(mode
 
 @pytest.fixture
 def service(tiny_package):
-    service = InferenceService(ServeConfig(model=str(tiny_package)))
+    service = InferenceService(ServeConfig(model=str(tiny_package), engine_layout="thread"))
     service.load()
     return service
 
@@ -146,17 +153,17 @@ def test_a_request_whose_sampling_fails_gets_an_error_while_the_others_stream_on
     with in_process_server(service) as url:
         expected = [stream(url, prompt, seed) for prompt, seed in OTHERS]
         assert all(text and finish in ("length", "stop") and error is None for text, finish, error in expected)
-        engine_thread = service.model.engine_thread
+        engine = service.model.engine
         # The others wait in their first sampling until the faulty request is queued: they share its step.
         others_queued, bad_queued = threading.Semaphore(0), threading.Event()
-        real_submit = engine_thread.submit
+        real_submit = engine.submit
 
         def submit(prompt, params, request_id=None):
             handle = real_submit(prompt, params, request_id)
             (bad_queued.set if params.seed == BAD_SEED else others_queued.release)()
             return handle
 
-        monkeypatch.setattr(engine_thread, "submit", submit)
+        monkeypatch.setattr(engine, "submit", submit)
         batches = fault_sampling_of(BAD_SEED, monkeypatch)
         real_sample = model_runner.sample_batch
 
@@ -186,17 +193,18 @@ def test_a_request_whose_sampling_fails_gets_an_error_while_the_others_stream_on
 
         assert httpx.get(f"{url}/readyz").status_code == 200 and httpx.get(f"{url}/healthz").status_code == 200
         assert stream(url, *OTHERS[0]) == expected[0]  # and it serves later requests
-        assert engine_thread.counts() == (0, 0) and engine_thread.engine.blocks.num_used == 0
+        time.sleep(2 * HEARTBEAT_SECONDS)  # the engine's counters as of its next heartbeat
+        assert engine.counts() == (0, 0) and engine.stats().kv_blocks_in_use == 0
 
 
-def test_an_engine_thread_death_fails_healthz_and_is_logged_once_with_its_traceback(service, monkeypatch, logged):
+def test_a_broken_engine_fails_healthz_and_is_logged_once_with_its_traceback(service, monkeypatch, logged):
     with in_process_server(service) as url:
         assert httpx.get(f"{url}/healthz").status_code == 200
 
-        def schedule():
+        def schedule(self):
             raise RuntimeError("injected scheduler fault")
 
-        monkeypatch.setattr(service.model.engine_thread.engine.scheduler, "schedule", schedule)
+        monkeypatch.setattr(Scheduler, "schedule", schedule)
         assert httpx.post(f"{url}/v1/completions", json={"prompt": "The", "max_tokens": 3}).status_code == 503
         health = httpx.get(f"{url}/healthz")
         assert health.status_code == 503 and "injected scheduler fault" in health.json()["reason"]

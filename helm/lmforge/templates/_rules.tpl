@@ -35,10 +35,11 @@ Conventions:
 # vLLM's series (inference.backend vllm) recorded under the names lmforge-serve exposes, so the
 # recording rules below, the alerts and the dashboards read them unchanged. Only rendered with
 # backend vllm. Names: vLLM's production metrics (https://docs.vllm.ai/en/stable/usage/metrics/)
-# as vllm/v1/metrics/loggers.py of the pinned image (inference.vllm.image, v0.10.1.1) defines
-# them; where releases name a series differently, both names are read (`or`: the first present
-# wins): TPOT vllm:time_per_output_token_seconds (v0.10; vllm:inter_token_latency_seconds from
-# v0.11), KV cache vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before v0.9), prefix-cache
+# as vllm/v1/metrics/loggers.py defines them, v0.10.1.1 to the pinned image's v0.31.0
+# (inference.vllm.image); where releases name a series differently, both names are read (`or`:
+# the first present wins): TPOT vllm:time_per_output_token_seconds (v0.10; deprecated in v0.11
+# for vllm:inter_token_latency_seconds, the one v0.31 has), KV cache vllm:kv_cache_usage_perc
+# (vllm:gpu_cache_usage_perc before v0.9, since removed), prefix-cache
 # queries and hits (tokens) vllm:prefix_cache_{queries,hits}_total (vllm:gpu_prefix_cache_{queries,hits}_total
 # before v0.9), preemptions vllm:num_preemptions_total. `engine` (the engine-core index) is summed away; job, instance, pod and model_name
 # (--served-model-name) stay.

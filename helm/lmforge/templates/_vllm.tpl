@@ -12,7 +12,10 @@ keeps the Deployment, Service, HPA and PDB of both backends):
 - non-root like every lmforge pod (the image's default user is root): HOME and every cache vLLM,
   torch, Triton and Hugging Face write go to the `cache` emptyDir; /dev/shm is a memory emptyDir.
 
-vLLM loads the model once: a moved pointer reaches it only through new pods (a rollout restart).
+vLLM loads the model once: a moved pointer reaches it only through new pods. The rollout
+(lmforge_pipelines.rollout) restarts the Deployment after moving the pointer (the pod template's
+kubectl.kubernetes.io/restartedAt, as `kubectl rollout restart`); this template names the pointer,
+never a package, so `helm upgrade` renders the same pod and new pods fetch the rolled-out model.
 */ -}}
 {{- define "lmforge.vllmPod" -}}
 {{- $root := .root -}}

@@ -5,15 +5,25 @@ at it, wait until every serving replica reports it, run the canary against it, a
 Why a pointer: the chart's inference Deployment names the pointer (`inference.model`, e.g.
 s3://BUCKET/PREFIX/models/current), never a package, so `helm upgrade` renders the same `--model`
 whatever was rolled out since, and the package served is decided by the pointer alone. The
-replicas follow it and swap in place (lmforge.inference.model_swap): nothing restarts.
+lmforge-serve replicas follow it and swap in place (lmforge.inference.model_swap): nothing restarts.
 
-On Kubernetes (`Cluster`) the step only reads: the Deployment (its pod selector and port), its
-ready pods (each one's /readyz says which package it serves), the canary CronJob; and creates
-one Job from the CronJob's jobTemplate, as `kubectl create job --from=cronjob/…` does.
+On Kubernetes (`Cluster`) the step reads the Deployment (its pod selector and port), its ready
+pods (each one's /readyz says which package it serves), the canary CronJob; and creates one Job
+from the CronJob's jobTemplate, as `kubectl create job --from=cronjob/…` does.
+
+vLLM (a Deployment the chart marks lmforge.io/inference-backend: vllm) loads its model once and
+does not follow the pointer. There the step restarts the Deployment after moving the pointer, as
+`kubectl rollout restart` does (the one write to it: the pod template's restartedAt annotation,
+which `helm upgrade` leaves alone, having never rendered it), waits until the rollout completes,
+checks that each new pod's init container fetched the package, then that each new pod answers:
+/health 200, its served name in /v1/models, a first one-token completion (with the API key from
+--api-key-file, else from the Secret the pods mount). New pods that do not serve the package
+(lmforge_pipelines.vllm_pods) move the pointer back and restart again, as a failed canary does.
 
     python -m lmforge_pipelines.rollout show POINTER
-    python -m lmforge_pipelines.rollout set POINTER PACKAGE [--namespace NS --deployment NAME [--canary-cronjob NAME]]
-    python -m lmforge_pipelines.rollout rollback POINTER [--namespace NS --deployment NAME]
+    python -m lmforge_pipelines.rollout set POINTER PACKAGE [--namespace NS --deployment NAME [--canary-cronjob NAME]
+                                                            [--api-key-file FILE]]
+    python -m lmforge_pipelines.rollout rollback POINTER [--namespace NS --deployment NAME [--api-key-file FILE]]
 
 Each prints the pointer as it is then (JSON) on stdout, and its progress on stderr.
 """
@@ -21,6 +31,7 @@ Each prints the pointer as it is then (JSON) on stdout, and its progress on stde
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import shutil
 import sys
@@ -29,25 +40,32 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lmforge.common.cli import ServiceCli
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import ConfigError, LmforgeError
 from lmforge.model.package import fetch_package, verify_package
 from lmforge.model.pointer import ModelPointer, point_to, read_pointer, rollback
+from lmforge_pipelines import vllm_pods
 
 CANARY_CONTAINER = "canary"
 LOG_TAIL_LINES = 40
 EXIT_CODES = """exit codes:
   0  done; the pointer is printed
-  1  the rollout failed: the package does not verify, the replicas did not all serve it in time,
-     the canary failed, no previous package to roll back to, no pointer to show
+  1  the rollout failed: the package does not verify, the replicas did not all serve it in time
+     (vLLM: the restarted pods did not come up serving it), the canary failed, no previous
+     package to roll back to, no pointer to show
   3  the pointer is not a model pointer (or not a local file or s3:// object)
   4  the pointer's store cannot be read or written"""
 
 
 class RolloutFailed(LmforgeError):
     """The rollout did not happen or was undone (exit 1)."""
+
+
+class PodsNotServing(RolloutFailed):
+    """A restarted vLLM Deployment's new pods did not come up serving the package."""
 
 
 class CanaryFailed(RuntimeError):
@@ -144,6 +162,10 @@ def job_outcome(job: dict) -> str | None:
     return None
 
 
+def _pod_url(ip: str, port: int) -> str:
+    return f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
+
+
 def _ready(pod: dict) -> bool:
     status = pod.get("status") or {}
     conditions = status.get("conditions") or []
@@ -153,31 +175,167 @@ def _ready(pod: dict) -> bool:
 
 class Cluster:
     """The inference Deployment's replicas and the canary CronJob in `namespace`, through the
-    Kubernetes API (an AppsV1Api, CoreV1Api and BatchV1Api, or fakes)."""
+    Kubernetes API (an AppsV1Api, CoreV1Api and BatchV1Api, or fakes). It writes one thing to the
+    Deployment, and only to a vLLM one: the restart (follow)."""
 
     def __init__(self, namespace: str, deployment: str, *, apps=None, core=None, batch=None, container="inference",
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 log: Callable[[str], None] = print):
+                 api_key: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, log: Callable[[str], None] = print):
         if apps is None or core is None or batch is None:
             apps, core, batch = kubernetes_apis()
         self.namespace, self.deployment, self.container = namespace, deployment, container
         self.apps, self.core, self.batch = apps, core, batch
+        self.api_key = api_key  # vLLM's /v1 key; None: the one in the Secret the pods mount, if any
         self.clock, self.sleep, self.log = clock, sleep, log
 
-    def replica_urls(self) -> list[str]:
-        """http://POD_IP:PORT of each ready pod of the Deployment (PORT: its container's `http` port)."""
-        deployment = _as_dict(self.apps.read_namespaced_deployment(self.deployment, self.namespace))
+    @property
+    def where(self) -> str:
+        return f"{self.namespace}/{self.deployment}"
+
+    def read_deployment(self) -> dict:
+        return _as_dict(self.apps.read_namespaced_deployment(self.deployment, self.namespace))
+
+    def _pods(self, deployment: dict) -> list[dict]:
         labels = deployment["spec"]["selector"]["matchLabels"]
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        return _as_dict(self.core.list_namespaced_pod(self.namespace, label_selector=selector))["items"]
+
+    def _port(self, deployment: dict) -> int:
         containers = deployment["spec"]["template"]["spec"]["containers"]
         container = next((c for c in containers if c["name"] == self.container), None)
         port = next((p["containerPort"] for p in (container or {}).get("ports") or [] if p.get("name") == "http"), None)
         if port is None:
-            raise RolloutFailed(f"Deployment {self.namespace}/{self.deployment}: no container {self.container!r} "
-                                f"with a port named http")
-        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
-        pods = _as_dict(self.core.list_namespaced_pod(self.namespace, label_selector=selector))["items"]
-        hosts = [pod["status"]["podIP"] for pod in pods if _ready(pod)]
-        return [f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}" for ip in sorted(hosts)]
+            raise RolloutFailed(f"Deployment {self.where}: no container {self.container!r} with a port named http")
+        return port
+
+    def replica_urls(self) -> list[str]:
+        """http://POD_IP:PORT of each ready pod of the Deployment (PORT: its container's `http` port)."""
+        deployment = self.read_deployment()
+        port = self._port(deployment)
+        return [_pod_url(ip, port) for ip in sorted(pod["status"]["podIP"] for pod in self._pods(deployment)
+                                                     if _ready(pod))]
+
+    def follow(self, package: str, *, timeout_s: float, poll_s: float = 5.0) -> list[str]:
+        """Bring the replicas onto what the pointer names (`package`) and return their URLs: wait
+        until lmforge-serve's replicas report it; restart a vLLM Deployment (restart_onto)."""
+        deployment = self.read_deployment()
+        if vllm_pods.is_vllm(deployment):
+            return self.restart_onto(package, deployment, timeout_s=timeout_s, poll_s=poll_s)
+        return wait_until_served(package, self.replica_urls, timeout_s=timeout_s, poll_s=poll_s, clock=self.clock,
+                                 sleep=self.sleep, log=self.log)
+
+    # ---------------------------------------------------------------------------- vLLM
+
+    def restart_onto(self, package: str, deployment: dict, *, timeout_s: float, poll_s: float = 5.0) -> list[str]:
+        """Restart the vLLM Deployment and wait until every new pod fetched `package` and answers
+        (vllm_pods.probe_replica); PodsNotServing (one line) when they do not within timeout_s."""
+        model = vllm_pods.served_model_name(deployment, self.container)
+        if model is None:
+            raise PodsNotServing(f"Deployment {self.where}: container {self.container!r} has no --served-model-name")
+        api_key = self._api_key(deployment)
+        stamp = vllm_pods.restart_stamp()
+        try:
+            self.apps.patch_namespaced_deployment(self.deployment, self.namespace, vllm_pods.restart_patch(stamp))
+        except Exception as exc:  # noqa: BLE001 - an ApiException (e.g. 403) or a connection error, said in one line
+            raise PodsNotServing(f"cannot restart Deployment {self.where}: {_api_error(exc)}") from exc
+        self.log(f"Deployment {self.where} restarted (restartedAt {stamp}): its new vLLM pods fetch what the pointer "
+                 f"names, {package}")
+        deadline = self.clock() + timeout_s
+        pods = self._wait_rolled_out(stamp, package, deadline=deadline, timeout_s=timeout_s, poll_s=poll_s)
+        urls = self._wait_answering(pods, model, api_key, deadline=deadline, timeout_s=timeout_s, poll_s=poll_s)
+        self.log(f"{len(urls)} vLLM replica(s) serve {package}: /health 200, {model!r} listed, a completion answered")
+        return urls
+
+    def _api_key(self, deployment: dict) -> str | None:
+        if self.api_key:
+            return self.api_key
+        secret = vllm_pods.api_key_secret(deployment)
+        if secret is None:
+            return None
+        name, key = secret
+        try:
+            data = _as_dict(self.core.read_namespaced_secret(name, self.namespace)).get("data") or {}
+            text = base64.b64decode(data[key]).decode()
+        except Exception as exc:  # noqa: BLE001 - forbidden, missing Secret or key: said in one line
+            raise PodsNotServing(f"cannot read the API key from Secret {self.namespace}/{name} (key {key}): "
+                                 f"{_api_error(exc)}; give --api-key-file") from exc
+        found = vllm_pods.first_key(text)
+        if found is None:
+            raise PodsNotServing(f"Secret {self.namespace}/{name} (key {key}) holds no API key")
+        return found
+
+    def _wait_rolled_out(self, stamp: str, package: str, *, deadline: float, timeout_s: float,
+                         poll_s: float) -> list[dict]:
+        """The new pods (those carrying `stamp`) once the rollout is complete and each is ready."""
+        while True:
+            deployment = self.read_deployment()
+            stuck = vllm_pods.deadline_exceeded(deployment)
+            if stuck:
+                raise PodsNotServing(f"Deployment {self.where} did not roll out: {stuck}")
+            pods = [pod for pod in self._pods(deployment) if not pod["metadata"].get("deletionTimestamp")]
+            new = [pod for pod in pods
+                   if (pod["metadata"].get("annotations") or {}).get(vllm_pods.RESTARTED_AT) == stamp]
+            for pod in new:
+                failure = vllm_pods.pod_failure(pod)
+                if failure:
+                    raise PodsNotServing(f"pod {pod['metadata']['name']} will not start: {failure}"
+                                         f"{self._fetch_log_tail(pod)}")
+            waits = vllm_pods.rollout_waits_for(deployment)
+            ready = [pod for pod in new if _ready(pod)]
+            if waits is None and ready and len(ready) == len(new):
+                for pod in ready:
+                    self._check_fetched(pod, package)
+                return ready
+            behind = [f"{pod['metadata']['name']} {vllm_pods.pod_waiting(pod)}" for pod in new if not _ready(pod)]
+            why = "; ".join(filter(None, [waits, *behind])) or "no new pod yet"
+            if self.clock() >= deadline:
+                raise PodsNotServing(f"the restarted pods of {self.where} did not all come up within "
+                                     f"{timeout_s:g} s: {why}")
+            self.sleep(poll_s)
+
+    def _fetch_log(self, pod: dict, tail_lines: int | None = None) -> str:
+        return self.core.read_namespaced_pod_log(pod["metadata"]["name"], self.namespace,
+                                                 container=vllm_pods.FETCH_CONTAINER, tail_lines=tail_lines)
+
+    def _fetch_log_tail(self, pod: dict) -> str:
+        try:
+            lines = [line for line in self._fetch_log(pod, tail_lines=5).splitlines() if line.strip()]
+        except Exception:  # noqa: BLE001 - the failure is what matters; the log is a courtesy
+            return ""
+        return f"; its log ends: {lines[-1][:300]}" if lines else ""
+
+    def _check_fetched(self, pod: dict, package: str) -> None:
+        try:
+            fetched = vllm_pods.fetched_package(self._fetch_log(pod))
+        except Exception as exc:  # noqa: BLE001 - unreadable log: the probes still run
+            self.log(f"pod {pod['metadata']['name']}: its {vllm_pods.FETCH_CONTAINER} log is unreadable "
+                     f"({_api_error(exc)}); not checking which package it fetched")
+            return
+        if fetched != package:
+            raise PodsNotServing(f"pod {pod['metadata']['name']} fetched {fetched or 'no package'}, not {package} "
+                                 f"(the pointer moved meanwhile?)")
+
+    def _wait_answering(self, pods: list[dict], model: str, api_key: str | None, *, deadline: float,
+                        timeout_s: float, poll_s: float) -> list[str]:
+        port = self._port(self.read_deployment())
+        pending = {_pod_url(pod["status"]["podIP"], port): pod["metadata"]["name"] for pod in pods}
+        urls, said = sorted(pending), {}
+        while pending:
+            for url, name in list(pending.items()):
+                probe = vllm_pods.probe_replica(url, model, api_key)
+                if probe.ok:
+                    del pending[url]
+                elif probe.final:
+                    raise PodsNotServing(f"pod {name} ({url}) does not serve {model!r}: {probe.said}")
+                else:
+                    said[url] = f"{name} {probe.said}"
+            if not pending:
+                break
+            if self.clock() >= deadline:
+                raise PodsNotServing(f"the restarted pods of {self.where} did not answer within {timeout_s:g} s: "
+                                     + "; ".join(said[url] for url in pending))
+            self.sleep(poll_s)
+        return urls
 
     def run_canary(self, cronjob: str, *, package: str, timeout_s: float, poll_s: float = 10.0) -> str:
         """Run a Job from the canary CronJob now and wait for it; raises CanaryFailed (with the
@@ -211,6 +369,18 @@ class Cluster:
             return f"(log unavailable: {exc})"
 
 
+def _api_error(exc: BaseException) -> str:
+    """An ApiException as `403 Forbidden: <the API server's message>`; anything else as it reads."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if status is None:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    try:
+        message = json.loads(getattr(exc, "body", None) or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        message = ""
+    return " ".join((f"{status} {reason}" + (f": {message}" if message else "")).split())
+
+
 def kubernetes_apis():
     from kubernetes import client, config
 
@@ -224,41 +394,79 @@ def kubernetes_apis():
 # ------------------------------------------------------------------------------ the rollout
 
 
-def roll_out(pointer_uri: str, package: str, *, set_by: str, replicas: Callable[[], list[str]] | None = None,
+Replicas = Cluster | Callable[[], list[str]]
+
+
+def follower(replicas: Replicas, *, timeout_s: float, poll_s: float = 5.0,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+             log: Callable[[str], None] = print) -> Callable[[str], object]:
+    """How `replicas` come to serve a package: a Cluster (or its replica_urls, as the pipeline's
+    rollout step passes it) decides by its Deployment (lmforge-serve's replicas follow the
+    pointer; vLLM's are restarted); any other callable lists lmforge-serve replicas to wait for."""
+    cluster = replicas if isinstance(replicas, Cluster) else getattr(replicas, "__self__", None)
+    if isinstance(cluster, Cluster):
+        return lambda package: cluster.follow(package, timeout_s=timeout_s, poll_s=poll_s)
+    return lambda package: wait_until_served(package, replicas, timeout_s=timeout_s, poll_s=poll_s, clock=clock,
+                                             sleep=sleep, log=log)
+
+
+def _back_and_follow(pointer_uri: str, follow: Callable[[str], object], *, set_by: str, failed: str,
+                     exc: BaseException, log: Callable[[str], None]) -> RolloutFailed:
+    """Roll the pointer back after `failed` and bring the replicas onto the previous package; the
+    RolloutFailed to raise, saying both."""
+    back = rollback(pointer_uri, set_by=set_by)
+    log(f"{failed}: {pointer_uri} rolled back to {back.model}")
+    try:
+        follow(back.model)
+    except PodsNotServing as again:
+        return RolloutFailed(f"{failed}; rolled back to {back.model}, whose pods did not come up either: {again} "
+                             f"(first: {exc})")
+    return RolloutFailed(f"{failed}; rolled back to {back.model}: {exc}")
+
+
+def roll_out(pointer_uri: str, package: str, *, set_by: str, replicas: Replicas | None = None,
              canary: Callable[[], object] | None = None, rollback_on_canary_failure: bool = True,
              timeout_s: float = 1800.0, poll_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
              sleep: Callable[[float], None] = time.sleep, log: Callable[[str], None] = print) -> ModelPointer:
-    """Verify `package`, point `pointer_uri` at it and, given `replicas`, wait until they all serve
-    it, then run `canary` (raising CanaryFailed on a failure). A failed canary rolls the pointer
-    back (and waits for the replicas again) unless told not to; RolloutFailed either way."""
+    """Verify `package`, point `pointer_uri` at it and, given `replicas`, bring them onto it
+    (`follower`), then run `canary` (raising CanaryFailed on a failure). A failed canary, or vLLM
+    pods that do not come up serving the package, roll the pointer back (and bring the replicas
+    back) unless told not to; RolloutFailed either way."""
     meta = check_package(package)
     pointer = point_to(pointer_uri, package, set_by=set_by)
     was = pointer.previous[0].model if pointer.previous else "nothing"
     log(f"{pointer_uri} now names {package} (step {meta.get('step')}; it named {was})")
     if replicas is None:
         return pointer
-    wait = dict(timeout_s=timeout_s, poll_s=poll_s, clock=clock, sleep=sleep, log=log)
-    wait_until_served(package, replicas, **wait)
+    follow = follower(replicas, timeout_s=timeout_s, poll_s=poll_s, clock=clock, sleep=sleep, log=log)
+    undo = rollback_on_canary_failure and bool(pointer.previous)
+    why_kept = "no rollback asked" if pointer.previous else "nothing to roll back to"
+    try:
+        follow(package)
+    except PodsNotServing as exc:
+        failed = f"the new pods did not serve {package}"
+        if not undo:
+            raise RolloutFailed(f"{failed}, which stays rolled out ({why_kept}): {exc}") from exc
+        raise _back_and_follow(pointer_uri, follow, set_by=f"{set_by} (pods did not serve it)", failed=failed,
+                               exc=exc, log=log) from exc
     if canary is None:
         return pointer
     try:
         canary()
     except CanaryFailed as exc:
-        if not rollback_on_canary_failure or not pointer.previous:
-            why = "no rollback asked" if pointer.previous else "nothing to roll back to"
-            raise RolloutFailed(f"the canary failed on {package}, which stays rolled out ({why}): {exc}") from exc
-        back = rollback(pointer_uri, set_by=f"{set_by} (canary failed)")
-        log(f"the canary failed on {package}: {pointer_uri} rolled back to {back.model}")
-        wait_until_served(back.model, replicas, **wait)
-        raise RolloutFailed(f"the canary failed on {package}; rolled back to {back.model}: {exc}") from exc
+        failed = f"the canary failed on {package}"
+        if not undo:
+            raise RolloutFailed(f"{failed}, which stays rolled out ({why_kept}): {exc}") from exc
+        raise _back_and_follow(pointer_uri, follow, set_by=f"{set_by} (canary failed)", failed=failed, exc=exc,
+                               log=log) from exc
     log(f"the canary passed on {package}")
     return pointer
 
 
-def roll_back(pointer_uri: str, *, set_by: str, replicas: Callable[[], list[str]] | None = None,
+def roll_back(pointer_uri: str, *, set_by: str, replicas: Replicas | None = None,
               timeout_s: float = 1800.0, poll_s: float = 5.0, log: Callable[[str], None] = print) -> ModelPointer:
     """Point `pointer_uri` back at its previous package (verified first) and, given `replicas`,
-    wait until they serve it."""
+    bring them onto it (`follower`: a vLLM Deployment restarts)."""
     current = read_pointer(pointer_uri)
     if current is None or not current.previous:
         raise RolloutFailed(f"{pointer_uri}: no previous model to roll back to")
@@ -266,7 +474,7 @@ def roll_back(pointer_uri: str, *, set_by: str, replicas: Callable[[], list[str]
     back = rollback(pointer_uri, set_by=set_by)
     log(f"{pointer_uri} rolled back from {current.model} to {back.model}")
     if replicas is not None:
-        wait_until_served(back.model, replicas, timeout_s=timeout_s, poll_s=poll_s, log=log)
+        follower(replicas, timeout_s=timeout_s, poll_s=poll_s, log=log)(back.model)
     return back
 
 
@@ -283,7 +491,17 @@ def _printed(pointer: ModelPointer) -> int:
 
 
 def _replicas(args: argparse.Namespace) -> Cluster | None:
-    return Cluster(args.namespace, args.deployment) if args.deployment else None
+    if not args.deployment:
+        return None
+    api_key = None
+    if args.api_key_file:
+        try:
+            api_key = vllm_pods.first_key(Path(args.api_key_file).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--api-key-file {args.api_key_file}: cannot read: {exc}") from exc
+        if api_key is None:
+            raise ConfigError(f"--api-key-file {args.api_key_file}: holds no key")
+    return Cluster(args.namespace, args.deployment, api_key=api_key, log=_progress)
 
 
 def run_show(args: argparse.Namespace, _config: None) -> int:
@@ -299,14 +517,12 @@ def run_set(args: argparse.Namespace, _config: None) -> int:
     if cluster is not None and args.canary_cronjob:
         def canary():
             return cluster.run_canary(args.canary_cronjob, package=args.package, timeout_s=timeout_s)
-    return _printed(roll_out(args.pointer, args.package, set_by=args.set_by,
-                             replicas=cluster.replica_urls if cluster else None, canary=canary, timeout_s=timeout_s,
-                             log=_progress))
+    return _printed(roll_out(args.pointer, args.package, set_by=args.set_by, replicas=cluster, canary=canary,
+                             timeout_s=timeout_s, log=_progress))
 
 
 def run_rollback(args: argparse.Namespace, _config: None) -> int:
-    cluster = _replicas(args)
-    return _printed(roll_back(args.pointer, set_by=args.set_by, replicas=cluster.replica_urls if cluster else None,
+    return _printed(roll_back(args.pointer, set_by=args.set_by, replicas=_replicas(args),
                               timeout_s=args.timeout_minutes * 60, log=_progress))
 
 
@@ -322,7 +538,9 @@ def build_cli() -> ServiceCli:
     for command in (set_, back):
         command.add_argument("--namespace", default="lmforge", help="the inference Deployment's (default lmforge)")
         command.add_argument("--deployment", help="the inference Deployment (the chart's <release>-inference): "
-                             "wait until its ready replicas serve the package")
+                             "wait until its ready replicas serve the package (vLLM's: restart it first)")
+        command.add_argument("--api-key-file", help="with a vLLM Deployment: the keys file whose first key the "
+                             "checks of the new pods send (default: the API keys Secret the pods mount)")
         command.add_argument("--timeout-minutes", type=float, default=30.0)
         command.add_argument("--set-by", default="python -m lmforge_pipelines.rollout", help="recorded in the pointer")
     set_.add_argument("--canary-cronjob", help="with --deployment: run a Job from this CronJob once served")

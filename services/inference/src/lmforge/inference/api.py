@@ -13,6 +13,9 @@ anything unexpected is logged with its trace id and answered 500."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from fastapi import FastAPI
 
 from lmforge.inference.api_errors import ERROR_HANDLERS
@@ -23,11 +26,18 @@ from lmforge.inference.service import InferenceService
 
 
 def create_app(service: InferenceService) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        # Stop the engine while the server shuts down gracefully: uvicorn ends the process with the
+        # signal it caught right after, before any code after its run() would run.
+        await asyncio.to_thread(service.stop)
+
     config = service.config
     docs = config.api_docs  # the API's description, served without authentication when on
     app = FastAPI(title="lmforge inference", version="0.1.0", openapi_url="/openapi.json" if docs else None,
                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
-                  exception_handlers=ERROR_HANDLERS)
+                  exception_handlers=ERROR_HANDLERS, lifespan=lifespan)
     app.state.service = service
     app.state.api_keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
 

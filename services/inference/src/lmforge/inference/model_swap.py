@@ -25,8 +25,6 @@ import threading
 import time
 from typing import Protocol
 
-import torch
-
 from lmforge.common.errors import StorageError
 from lmforge.common.logging import get_logger
 from lmforge.common.store import scheme_of
@@ -125,12 +123,10 @@ class PointerFollower:
         led back to that package meanwhile."""
         started = time.monotonic()
         drained = old.wait_unleased(self.service.config.swap_drain_seconds)
-        old.engine_thread.stop()
+        old.engine.stop()
         with self._downloads:
             if self.service.model.package != old.package:
                 discard_download(old.package, self.service.config.cache_dir)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
         log.info("model_retired", package=old.package, drained=drained, unfinished_requests=old.leases,
                  seconds=round(time.monotonic() - started, 2))
 

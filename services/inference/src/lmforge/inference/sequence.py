@@ -10,6 +10,14 @@ import torch
 from lmforge.inference.sampling import SamplingParams
 
 
+def check_prompt(prompt: list[int], context_length: int) -> None:
+    """A prompt the engine can take: not empty, and shorter than the context."""
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if len(prompt) >= context_length:
+        raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {context_length}")
+
+
 @dataclass(eq=False)
 class Sequence:
     id: int

@@ -1,4 +1,4 @@
-"""One loaded model package and the engine thread serving it (`ServedModel`), how it is loaded
+"""One loaded model package and the engine serving it (`ServedModel`), how it is loaded
 (`load_model`), and the leases requests hold on it: a model swapped out (model_swap) is stopped
 only once the last request that started on it has returned its lease. What both the service and
 the pointer follower use, so that neither imports the other for it."""
@@ -11,14 +11,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from lmforge.common.logging import get_logger
 from lmforge.inference.config import ServeConfig
-from lmforge.inference.engine import Engine
-from lmforge.inference.engine_thread import EngineThread
+from lmforge.inference.engine_client import EngineClient
+from lmforge.inference.engine_core import EngineSpec
 from lmforge.inference.text import Codec
-from lmforge.model.package import TOKENIZER, fetch_package, load_package
+from lmforge.model.package import TOKENIZER, fetch_package
 
 log = get_logger("inference")
 
@@ -48,13 +46,13 @@ class Lease:
 
 @dataclass(eq=False)
 class ServedModel:
-    """One loaded package and the engine thread serving it."""
+    """One loaded package and the engine serving it."""
 
     package: str  # the package URI it was loaded from
     path: Path  # its local copy (a download for s3://)
     step: int | None
     codec: Codec
-    engine_thread: EngineThread
+    engine: EngineClient
     context_length: int
     loaded_at: float = field(default_factory=time.time)
     _leases: int = 0
@@ -86,19 +84,21 @@ class ServedModel:
 
 def load_model(package: str, config: ServeConfig, device: str, *, model_name: str,
                require_checksums: bool = False) -> ServedModel:
-    """Fetch, verify and load `package` and start its engine thread."""
+    """Fetch `package`, start its engine (which verifies and loads it) and read its tokenizer."""
     started = time.monotonic()
     path = fetch_package(package, config.cache_dir)
-    model, meta = load_package(path, device=device, require_checksums=require_checksums)
-    if device == "cuda":
-        model = model.to(torch.bfloat16)
-    codec = Codec(path / TOKENIZER)
-    identity = json.dumps({"package": package, "step": meta.get("step"), "files": meta.get("files")}, sort_keys=True)
-    engine = Engine(model, eos_id=codec.eos_id, model_identity=identity, **config.engine.model_dump())
-    engine_thread = EngineThread(engine)
-    engine_thread.start()
-    log.info("model_loaded", model=package, model_name=model_name, step=meta.get("step"), device=device,
-             parameters=sum(p.numel() for p in model.parameters()), kv_cache_bytes=engine.cache.bytes,
-             kv_cache_blocks=engine.cache.num_blocks,
+    spec = EngineSpec(package, str(path), device, config.engine.model_dump(), require_checksums=require_checksums)
+    engine = EngineClient(spec, layout=config.engine_layout)
+    info = engine.start()
+    try:
+        codec = Codec(path / TOKENIZER)
+    except BaseException:
+        engine.stop()
+        raise
+    with open(path / "config.json") as file:
+        step = json.load(file).get("step")
+    log.info("model_loaded", model=package, model_name=model_name, step=step, device=device,
+             parameters=info.parameters, kv_cache_bytes=info.kv_cache_bytes, kv_cache_blocks=info.kv_cache_blocks,
+             engine_layout=config.engine_layout, engine_pid=info.pid,
              max_chars_per_token=codec.max_chars_per_token, seconds=round(time.monotonic() - started, 2))
-    return ServedModel(package, path, meta.get("step"), codec, engine_thread, model.config.context_length)
+    return ServedModel(package, path, step, codec, engine, info.context_length)

@@ -1,13 +1,11 @@
 """The serving core between the HTTP layer and the engine: loads the model package (in the
-background, so /healthz answers while a large model downloads), runs the engine thread, and
-turns one request into a stream of text deltas with metrics and spans when it ends.
+background, so /healthz answers while a large model downloads), starts its engine (in a process
+of its own: lmforge.inference.engine_client), and turns one request into a stream of text deltas
+with metrics and spans when it ends.
 
 `--model` may name a model pointer instead of a package: the server then serves the package the
 pointer names and follows the pointer (model_swap). A request uses the model that was current
-when it started (`ServedModel`, held by a lease) to its end, also across a swap.
-
-`Lease` and `ServedModel` live in served_model (the pointer follower uses them too) and are
-re-exported here, where the routes take them from."""
+when it started (`ServedModel`, held by a lease) to its end, also across a swap."""
 
 from __future__ import annotations
 
@@ -24,11 +22,10 @@ from opentelemetry import trace
 
 from lmforge.common.logging import get_logger
 from lmforge.inference.config import ServeConfig
-from lmforge.inference.engine_thread import Handle, RunnerStopped
+from lmforge.inference.engine_client import EngineStopped, Handle
 from lmforge.inference.metrics import ServeMetrics
 from lmforge.inference.model_swap import PointerFollower
 from lmforge.inference.sampling import SamplingParams
-from lmforge.inference.served_model import Lease as Lease  # re-exported for the routes
 from lmforge.inference.served_model import ServedModel, default_model_name, load_model
 from lmforge.inference.stats import EngineStats
 from lmforge.inference.text import TextStream
@@ -80,6 +77,7 @@ class InferenceService:
         self.tracer_provider = tracer_provider("lmforge-inference", span_exporter)
         self.tracer = self.tracer_provider.get_tracer("lmforge.inference")
         self.clock = MonotonicClock()
+        self._stopped = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -113,10 +111,14 @@ class InferenceService:
         return thread
 
     def stop(self) -> None:
+        """Stop following the pointer, the engine and the helpers (once; later calls do nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.follower is not None:
             self.follower.stop()
         if self.model is not None:
-            self.model.engine_thread.stop()
+            self.model.engine.stop()
         self._text_pool.shutdown(wait=False, cancel_futures=True)
         self.tracer_provider.shutdown()
 
@@ -127,25 +129,25 @@ class InferenceService:
             return f"model failed to load: {self.load_error}"
         if model is None:
             return "model loading"
-        if not model.engine_thread.alive:
-            return f"engine stopped: {model.engine_thread.error}"
+        if not model.engine.alive:
+            return f"engine stopped: {model.engine.error}"
         return None
 
     def liveness(self) -> str | None:
         """None while the process can serve (or is loading), else why not: the current model's
-        engine thread broke, which only a restart mends."""
+        engine broke or its process exited, which only a restart mends."""
         model = self.model
-        if model is not None and model.engine_thread.error is not None:
-            return f"engine failed: {type(model.engine_thread.error).__name__}: {model.engine_thread.error}"
+        if model is not None and model.engine.error is not None:
+            return f"engine failed: {model.engine.error}"
         return None
 
     def _counts(self) -> tuple[int, int] | None:
         model = self.model
-        return model.engine_thread.counts() if model else None  # no engine yet: no value, not 0
+        return model.engine.counts() if model else None  # no engine yet: no value, not 0
 
     def _engine_stats(self) -> EngineStats | None:
         model = self.model
-        return model.engine_thread.engine.stats() if model else None
+        return model.engine.stats() if model else None
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -173,8 +175,8 @@ class InferenceService:
                request_id: str | None = None) -> Handle:
         """Raises QueueFull when the waiting queue is at capacity, NotReady when the engine stopped."""
         try:
-            return model.engine_thread.submit(prompt_ids, params, request_id)
-        except RunnerStopped as exc:
+            return model.engine.submit(prompt_ids, params, request_id)
+        except EngineStopped as exc:
             raise NotReady(f"engine stopped: {exc}") from exc
 
     async def deltas(self, model: ServedModel, handle: Handle, stop: list[str],
@@ -203,13 +205,13 @@ class InferenceService:
                 raise RequestFailed(f"internal error while generating (request id {seq.request_id}); "
                                     "the server logged it")
             if reason == "error":
-                raise NotReady(f"engine stopped: {model.engine_thread.error}")
+                raise NotReady(f"engine stopped: {model.engine.error}")
             pending.finish_reason = reason
             yield pending
         finally:
             ended_at = time.monotonic()
             if not seq.finished:
-                model.engine_thread.cancel(handle)
+                model.engine.cancel(handle)
             self.metrics.observe_generation(seq, reason, ended_at, generated)
             record_generation_spans(self.tracer, span, seq, ended_at, self.clock)
             span.set_attribute("lmforge.finish_reason", reason)
@@ -226,7 +228,7 @@ class InferenceService:
     async def score(self, model: ServedModel, ids: list[int]) -> tuple[list[float], float]:
         """(logprob of each token after the first, perplexity over them)."""
         try:
-            logprobs = await model.engine_thread.score(ids)
-        except RunnerStopped as exc:
+            logprobs = await model.engine.score(ids)
+        except EngineStopped as exc:
             raise NotReady(f"engine stopped: {exc}") from exc
         return logprobs, math.exp(-sum(logprobs) / len(logprobs))

@@ -24,11 +24,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from lmforge.inference.api_errors import ApiError, not_ready, stream_error_event
-from lmforge.inference.engine_thread import RunnerStopped
+from lmforge.inference.engine_client import EngineStopped
 from lmforge.inference.routes import generation as gen
 from lmforge.inference.routes.deps import ServiceDep, authorize, ready_model
 from lmforge.inference.schemas import Choice, Completion, CompletionRequest, Logprobs
-from lmforge.inference.service import Delta, Lease, NotReady
+from lmforge.inference.served_model import Lease
+from lmforge.inference.service import Delta, NotReady
 from lmforge.inference.text import TextOffsets
 
 router = APIRouter(dependencies=[Depends(authorize)])
@@ -95,8 +96,8 @@ async def _echo(service, served, body: CompletionRequest, prompts: list[list[int
     logprobs = []
     for text, ids in zip(texts, prompts, strict=True):
         try:
-            chosen, tops = await served.engine_thread.prompt_logprobs(ids, body.logprobs)
-        except RunnerStopped as exc:
+            chosen, tops = await served.engine.prompt_logprobs(ids, body.logprobs)
+        except EngineStopped as exc:
             raise not_ready(NotReady(f"engine stopped: {exc}")) from exc
         tokens = [served.codec.token_text(t) for t in ids]
         top_texts = [{served.codec.token_text(t): lp for t, lp in top.items()} for top in tops]

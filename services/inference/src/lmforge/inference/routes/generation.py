@@ -20,7 +20,7 @@ from opentelemetry import trace
 from lmforge.common.logging import get_logger
 from lmforge.inference.api_errors import ApiError, not_ready
 from lmforge.inference.engine import QueueFull
-from lmforge.inference.engine_thread import Handle
+from lmforge.inference.engine_client import Handle
 from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.schemas import SamplingFields, Usage
 from lmforge.inference.service import Delta, InferenceService, NotReady, ServedModel
@@ -43,7 +43,7 @@ def check_max_tokens(service: InferenceService, max_tokens: int) -> None:
 
 def vocabulary(served: ServedModel) -> int:
     """How many token ids both the tokenizer and the model know (ids 0 to this - 1)."""
-    return min(served.codec.vocab_size, served.engine_thread.engine.config.vocab_size)
+    return min(served.codec.vocab_size, served.engine.info.vocab_size)
 
 
 def check_vocabulary_bounds(served: ServedModel, body: SamplingFields, logprobs: int | None,
@@ -133,7 +133,7 @@ class Job:
     def cancel(self) -> None:
         for generation in self.generations:
             if generation.handle is not None:
-                self.served.engine_thread.cancel(generation.handle)
+                self.served.engine.cancel(generation.handle)
 
     def log_done(self) -> None:
         log.info("completion", **self.context, finish_reason=",".join(g.finish_reason for g in self.generations),
@@ -170,7 +170,7 @@ def start(service: InferenceService, served: ServedModel, prompts: list[list[int
     except BaseException as exc:
         for generation in generations:
             if generation.handle is not None:
-                served.engine_thread.cancel(generation.handle)
+                served.engine.cancel(generation.handle)
         if isinstance(exc, QueueFull):
             raise ApiError(429, f"server busy: {exc}; retry later", "rate_limit_error",
                            headers={"Retry-After": str(service.config.retry_after_seconds)}) from exc

@@ -28,7 +28,8 @@ def readyz(service: ServiceDep):
     reason = service.readiness(served)
     if reason is not None:
         return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
-    return {"status": "ready", "model": service.model_name, "package": served.package}
+    return {"status": "ready", "model": service.model_name, "package": served.package,
+            "engine_pid": served.engine.info.pid}
 
 
 @metrics_router.get("/metrics")
