@@ -7,7 +7,8 @@
 # The machine's python3 (3.12, torch 2.11+cu130, transformers, numpy, pyarrow...) is used as it is;
 # what our code imports on these paths and the image lacks travels as wheels in .whl/ (ignored by git:
 # pydantic, fastapi/starlette/uvicorn, opentelemetry api/sdk/fastapi instrumentation, tenacity, crc32c,
-# warcio, datasketch, torchao). Our packages are not installed: services/*/src go on PYTHONPATH
+# warcio, datasketch, torchao, pyzmq and msgspec for the serving engine's process split). Our packages
+# are not installed: services/*/src go on PYTHONPATH
 # (lmforge is a namespace package, so the directories combine).
 #
 # Parts, most important first; each under `timeout` (never past the budget), its results written into
@@ -44,8 +45,8 @@ if ls "$WHL"/*.whl >/dev/null 2>&1; then
     || { echo "wheel install failed"; exit 1; }
   PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
-for service in common trainer inference dataprep sample-data; do
-  PYTHONPATH=$PWD/services/$service/src${PYTHONPATH:+:$PYTHONPATH}
+for src in "$PWD"/services/*/src; do  # every service: lmforge.model and lmforge.pages live apart since issue 32
+  PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH}
 done
 export PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
@@ -99,7 +100,9 @@ fi
 part "A training bf16" 230 "$PY" bench/train_throughput.py --suite gpu "${TRAIN[@]}" --preset "$A_PRESETS" \
   --runs plain --out "$OUT"
 part "B serving" 130 "$PY" bench/serve/serve_bench.py "${SERVE[@]}" --out "$OUT/serve-gpu.json"
-cp bench/out/serve/server-gpu-running*.log "$OUT/serve-server.log" 2>/dev/null
+for log in bench/out/serve/server-gpu-running*.log; do  # one per preset
+  [ -f "$log" ] && cp "$log" "$OUT/serve-$(basename "$log")"
+done
 part "B2 serving baseline: HF generate" 150 "$PY" bench/serve/hf_generate_bench.py "${HF[@]}" \
   --out "$OUT/hf-generate-gpu.json"
 if [ -f "$OUT/serve-gpu.json" ] && [ -f "$OUT/hf-generate-gpu.json" ]; then  # seconds; both JSONs hold what finished

@@ -195,3 +195,40 @@ def test_a_second_api_process_joins_the_engine_and_leaving_does_not_stop_it(tiny
         assert asyncio.run(collect(PROMPTS[0]))[0] == mine[0][0]
     finally:
         owner.stop()
+
+
+def test_a_malformed_message_is_refused_and_the_engine_serves_on(tiny_package, oracle):
+    import stat
+
+    import msgspec
+    import zmq
+
+    from lmforge.inference import engine_protocol as protocol
+
+    client = EngineClient(spec(tiny_package), "thread")
+    client.start()
+    path = client.address.removeprefix("ipc://")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    context = zmq.Context()
+    intruder = context.socket(zmq.DEALER)
+    intruder.connect(client.address)
+    bad_params = msgspec.msgpack.encode({"type": "Add", "key": 1, "prompt": [1], "params": {"max_tokens": 0},
+                                         "request_id": None, "arrived": 0.0})
+    for payload in (b"\xc1garbage", msgspec.msgpack.encode({"type": "Nope"}), bad_params):
+        intruder.send(payload)
+    intruder.send_multipart([b"two", b"frames"])
+    intruder.send(protocol.encoder().encode(protocol.Hello()))
+    assert intruder.poll(10_000) and isinstance(protocol.api_decoder().decode(intruder.recv()), protocol.Ready)
+    intruder.close(linger=0)
+    context.term()
+
+    async def collect():
+        handle = client.submit(PROMPTS[0], SamplingParams(max_tokens=12, temperature=0))
+        return [t async for t in handle.tokens()], handle.seq.finish_reason
+
+    try:
+        tokens, reason = asyncio.run(collect())
+        expected = oracle[tuple(PROMPTS[0])]
+        assert tokens == (expected[:len(tokens)] if reason == "stop" else expected) and client.alive
+    finally:
+        client.stop()

@@ -24,6 +24,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 import zmq
 
 from lmforge.common.errors import CLI_ERRORS, as_lmforge_error
@@ -112,6 +113,8 @@ class EngineCore:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # an API process gone: its messages are dropped
         self.socket.bind(address)
+        if address.startswith("ipc://"):
+            os.chmod(address.removeprefix("ipc://"), 0o600)  # this user's processes only (the pod's)
         self.encode = protocol.encoder().encode
         self.decode = protocol.engine_decoder().decode
         self.clients: dict[bytes, int] = {}  # API process identity -> Adds taken in
@@ -154,10 +157,18 @@ class EngineCore:
             return
         while True:
             try:
-                identity, payload = self.socket.recv_multipart(zmq.NOBLOCK)
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._handle(identity, self.decode(payload))
+            try:
+                if len(frames) != 2:
+                    raise msgspec.DecodeError(f"{len(frames) - 1} frames, not 1")
+                identity, payload = frames
+                message = self.decode(payload)
+            except msgspec.DecodeError as exc:  # not one of our API processes' messages: dropped, not fatal
+                log.warning("engine_message_refused", error=str(exc), size=sum(map(len, frames)))
+                continue
+            self._handle(identity, message)
 
     def _handle(self, identity: bytes, message) -> None:
         if isinstance(message, protocol.Add):
