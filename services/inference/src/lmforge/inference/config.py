@@ -54,6 +54,10 @@ class ServeConfig(StrictModel):
     max_tokens_limit: int = Field(1024, ge=1, description="the largest max_tokens a request may ask for")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
     retry_after_seconds: int = Field(1, ge=1, description="Retry-After sent with 429")
+    engine_layout: Literal["process", "thread"] = Field(
+        "process", description="where the engine (scheduler, KV cache, model, sampling) runs: `process`, a process "
+        "of its own beside the API's, so that HTTP, JSON and tokenization never hold up a step; `thread`, a thread "
+        "of the API process (one process to debug)")
     engine: EngineConfig = EngineConfig()
 
 
