@@ -28,6 +28,13 @@ class EngineConfig(StrictModel):
     prefix_caching: bool = Field(True, description="keep computed full KV blocks keyed by their token prefix and "
                                  "reuse them for prompts that start the same (system prompts, few-shot examples)")
     step_delay_seconds: float = Field(0.0, ge=0, description="artificial delay per engine step (alert drills)")
+    attention: Literal["auto", "gather", "flex", "flashinfer"] = Field(
+        "auto", description="how attention reads the paged KV cache: `gather` copies each sequence's keys and "
+        "values into a dense tensor per layer (the reference); `flex`, torch's compiled flex_attention over the cache "
+        "in place; `flashinfer`, FlashInfer's paged kernels (CUDA, fp16/bf16; else flex). `auto`: gather on CPU (the "
+        "faster there), flashinfer on CUDA when it imports, else flex")
+    cuda_graphs: bool = Field(True, description="on CUDA: capture decode-only steps as CUDA graphs at start (batch "
+                              "sizes 2, 4, 8, ... up to max_running; a batch is padded up to the next) and replay them")
 
 
 class ServeConfig(StrictModel):

@@ -1,14 +1,14 @@
 """The engine (vLLM's split: this file knows nothing of HTTP): at every step the scheduler
 picks the sequences and token counts (continuous batching, chunked prefill, paged KV blocks,
 prefix caching), the model runner computes them in one forward and samples the batch, and the
-engine appends the tokens and retires finished sequences. The API layer drives `step()` from
-one background thread (lmforge.inference.engine_thread).
+engine appends the tokens and retires finished sequences. The engine core drives `step()` in a
+process of its own (lmforge.inference.engine_core).
 
 A fault in one step fails the step's requests, not the engine: a sampling that raises fails its
 own sequences (the model runner finds them), a forward that raises fails the step's sequences;
 each is logged with its request id, finished with reason "error" and its blocks released. A
 fault the engine cannot serve on (model_runner.is_fatal), or one outside a request's step (the
-scheduler's bookkeeping), is raised to the engine thread."""
+scheduler's bookkeeping), is raised to the engine core."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from lmforge.inference.block_manager import BlockManager
 from lmforge.inference.model_runner import ModelRunner, is_fatal
 from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.scheduler import Scheduler
-from lmforge.inference.sequence import Sequence
+from lmforge.inference.sequence import Sequence, check_prompt
 from lmforge.inference.stats import EngineStats
 from lmforge.model.kv_cache import PagedKVCache
 from lmforge.model.transformer import GPT
@@ -66,7 +66,8 @@ class Engine:
     def __init__(self, model: GPT, *, max_running: int = 64, max_waiting: int = 64, eos_id: int | None = None,
                  step_delay_seconds: float = 0.0, kv_cache_bytes: int | None = None,
                  kv_cache_memory_fraction: float = 0.5, block_size: int = 16, max_batched_tokens: int = 512,
-                 prefix_caching: bool = True, model_identity: str = ""):
+                 prefix_caching: bool = True, model_identity: str = "", attention: str = "auto",
+                 cuda_graphs: bool = True):
         """`model_identity` names the weights (e.g. the package and its checksums): with the cache's
         dtype it salts the prefix cache's keys, which hold only for those keys and values."""
         self.model = model.eval()
@@ -78,7 +79,9 @@ class Engine:
         self.cache = PagedKVCache(self.config, num_blocks, block_size, device=self.device, dtype=dtype)
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching, salt=f"{model_identity}\0{dtype}".encode())
         self.scheduler = Scheduler(self.blocks, max_running=max_running, max_batched_tokens=max_batched_tokens)
-        self.engine_thread = ModelRunner(self.model, self.cache)
+        self.runner = ModelRunner(self.model, self.cache, max_running=max_running,
+                                         max_batched_tokens=max_batched_tokens, attention=attention,
+                                         cuda_graphs=cuda_graphs)
         self.max_waiting = max_waiting
         self.eos_id = eos_id
         self._ids = itertools.count()
@@ -102,10 +105,7 @@ class Engine:
         return seq
 
     def new_sequence(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if len(prompt) >= self.config.context_length:
-            raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {self.config.context_length}")
+        check_prompt(prompt, self.config.context_length)
         return Sequence(next(self._ids), list(prompt), params, params.generator(), request_id=request_id)
 
     def enqueue(self, seq: Sequence) -> None:
@@ -132,7 +132,7 @@ class Engine:
         """The log-probability of each token after the first given the ones before it."""
         if not 2 <= len(tokens) <= self.config.context_length:
             raise ValueError(f"scoring needs 2 to {self.config.context_length} tokens, got {len(tokens)}")
-        return self.engine_thread.prompt_logprobs(tokens, 0)[0]
+        return self.runner.prompt_logprobs(tokens, 0)[0]
 
     def prompt_logprobs(self, tokens: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
         """For each token after the first: its logprob given the ones before it and, with `top`,
@@ -141,7 +141,7 @@ class Engine:
             raise ValueError(f"a prompt needs 1 to {self.config.context_length} tokens, got {len(tokens)}")
         if len(tokens) == 1:
             return [], []
-        return self.engine_thread.prompt_logprobs(tokens, top)
+        return self.runner.prompt_logprobs(tokens, top)
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -154,7 +154,7 @@ class Engine:
         if not scheduled:
             return []
         try:
-            executed = self.engine_thread.execute(scheduled)
+            executed = self.runner.execute(scheduled)
         except Exception as exc:
             if is_fatal(exc):
                 raise
@@ -196,6 +196,7 @@ class Engine:
         seq.finish_reason = reason
         seq.finished_at = time.monotonic()
         self.scheduler.finish(seq)
+        self.runner.release(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -139,6 +139,7 @@ class EngineClient:
         if self.layout != "connect":
             self._start_engine()
         outbox = self._context.socket(zmq.PULL)
+        outbox.setsockopt(zmq.RCVHWM, 0)
         outbox.bind(self._outbox_address)
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -200,8 +201,9 @@ class EngineClient:
         if self._stopping:
             return
         self._stopping = True
-        if self.layout != "connect":  # an engine this client joined is its starter's to stop
-            with contextlib.suppress(Exception):
+        io_running = self._io is not None and self._io.is_alive()
+        if self.layout != "connect" and io_running:  # an engine this client joined is its starter's to stop
+            with contextlib.suppress(EngineStopped):
                 self._send(protocol.Shutdown())
         if self._io is not None:
             self._io.join(timeout=STOP_SECONDS)
@@ -238,7 +240,8 @@ class EngineClient:
         """Drop a request whose client went away: the engine frees its KV blocks before its next step."""
         handle.cancelled = True
         if self._handles.pop(handle.seq.id, None) is not None:
-            self._send(protocol.Abort(handle.seq.id))
+            with contextlib.suppress(EngineStopped):  # a stopped engine holds no blocks to free
+                self._send(protocol.Abort(handle.seq.id))
         handle.queue.put_nowait((None, True))  # a consumer still awaiting tokens ends now
 
     async def score(self, tokens: list[int]) -> list[float]:
@@ -276,8 +279,12 @@ class EngineClient:
         if sender is None:
             sender = self._senders.socket = self._context.socket(zmq.PUSH)
             sender.setsockopt(zmq.LINGER, 0)
+            sender.setsockopt(zmq.SNDHWM, 0)  # never full: a send fails only once the I/O thread is gone
             sender.connect(self._outbox_address)
-        sender.send(self._encode(message), copy=False)
+        try:
+            sender.send(self._encode(message), zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            raise EngineStopped(f"the engine was stopped{self._why()}") from exc
 
     # -- the I/O thread ---------------------------------------------------------------------------
 

@@ -1,6 +1,17 @@
-"""The model runner (vLLM's split): the only part of the engine that touches tensors. It packs a
-scheduled step's new tokens into one forward over the paged KV cache, samples the whole batch on
+"""The model runner (vLLM's split): the only part of the engine that touches tensors. It computes
+a scheduled step's new tokens in one forward over the paged KV cache, samples the whole batch on
 the device, and computes teacher-forced logprobs for scoring and echoed prompts.
+
+Three pieces, each its own module:
+  input_batch    the persistent batch: the rows' block tables and the step's inputs in tensors
+                 allocated once on the device, updated in place (a new block is one entry); a
+                 step is one host-to-device copy and positions and slots are computed there
+  attention      the backend each layer attends with (lmforge.model.attention_backends: gather,
+                 flex over the cache in place, flashinfer on CUDA), chosen by the engine's
+                 `attention` setting, verified against gather at start (else the next one)
+  cuda_graphs    on CUDA, decode-only steps replayed from graphs captured at start, padded up to
+                 a captured batch size (`cuda_graphs`); `decode_sizes` pads them on CPU as well,
+                 eagerly (tests)
 
 A request whose sampling raises fails alone: the batch is sampled again row by row, each seeded
 generator from where it was, so the other rows draw exactly what they would have."""
@@ -11,11 +22,24 @@ from dataclasses import dataclass
 
 import torch
 
+from lmforge.common.logging import get_logger
+from lmforge.inference.cuda_graphs import DecodeGraphs, graph_sizes
+from lmforge.inference.input_batch import InputBatch
 from lmforge.inference.sampling import Sampled, sample_batch
 from lmforge.inference.sequence import Sequence
+from lmforge.model.attention_backends import (
+    FALLBACK,
+    AttentionBackend,
+    AttentionName,
+    make_attention,
+    select_attention,
+    verify_attention,
+)
 from lmforge.model.kv_cache import PagedKVCache
-from lmforge.model.paged_attention import ScheduledChunk, build_paged_batch
+from lmforge.model.paged_attention import PagedBatch
 from lmforge.model.transformer import GPT
+
+log = get_logger("inference")
 
 
 def is_fatal(exc: BaseException) -> bool:
@@ -40,25 +64,75 @@ class Executed:
 
 
 class ModelRunner:
-    def __init__(self, model: GPT, cache: PagedKVCache):
+    def __init__(self, model: GPT, cache: PagedKVCache, *, max_running: int = 64, max_batched_tokens: int = 512,
+                 attention: AttentionName = "auto", cuda_graphs: bool = True, decode_sizes: list[int] | None = None):
         self.model, self.cache = model, cache
         self.config = model.config
-        self.device = next(model.parameters()).device
+        parameter = next(model.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        self.attention = self._attention(attention)
+        self.batch = InputBatch(max_running, max_batched_tokens, cache.total_blocks, cache.block_size, self.device)
+        self.graphs = self._graphs(cuda_graphs, max_running, decode_sizes)
+
+    def _attention(self, asked: AttentionName) -> AttentionBackend:
+        """The backend asked for, or the first of its fallbacks that starts and agrees with gather."""
+        config = self.config
+        name, why = select_attention(asked, self.device, self.dtype)
+        if why is not None:
+            log.warning("attention_backend_fallback", asked=asked, using=name, reason=why)
+        while True:
+            try:
+                backend = make_attention(name, self.device, config.n_head, config.kv_heads, config.head_dim,
+                                         self.dtype)
+            except Exception as exc:  # noqa: BLE001 - an optional kernel library that fails to start
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                problem = verify_attention(backend, self.device, config.n_head, config.kv_heads, config.head_dim,
+                                           self.dtype, self.cache.block_size)
+            if problem is None:
+                log.info("attention_backend", backend=name, asked=asked, device=self.device.type)
+                return backend
+            log.warning("attention_backend_fallback", asked=name, using=FALLBACK[name], reason=problem)
+            name = FALLBACK[name]
+
+    def _graphs(self, enabled: bool, max_running: int, sizes: list[int] | None) -> DecodeGraphs | None:
+        if self.device.type == "cuda" and enabled:
+            if self.config.moe is not None:
+                log.info("cuda_graphs_skipped", reason="MoE routing reads the expert loads back to the host")
+                return None
+            if verify_attention(self._flex(), self.device, self.config.n_head, self.config.kv_heads,
+                                self.config.head_dim, self.dtype, self.cache.block_size) is not None:
+                log.warning("cuda_graphs_skipped", reason="flex attention, which the graphs use, failed its check")
+                return None
+            graphs = DecodeGraphs(self.model, self.cache, self.batch, sizes or graph_sizes(max_running), capture=True)
+            return graphs if graphs.capture_all() else None
+        if sizes:  # padding without graphs (CPU tests of the padding)
+            return DecodeGraphs(self.model, self.cache, self.batch, sizes, capture=False)
+        return None
+
+    def _flex(self) -> AttentionBackend:
+        return make_attention("flex", self.device, self.config.n_head, self.config.kv_heads, self.config.head_dim,
+                              self.dtype)
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence left the engine (finished, cancelled, failed): its row is free."""
+        self.batch.release(seq)
 
     @torch.no_grad()
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> Executed:
         """Compute the scheduled tokens; sample a next token for every sequence whose tokens are
         now all computed. A forward that raises raises; a sampling that raises fails its rows."""
-        tokens, chunks, last_rows, sampling = [], [], [], []
-        for index, (seq, count) in enumerate(scheduled):
-            tokens += seq.tokens(seq.num_computed, seq.num_computed + count)
-            chunks.append(ScheduledChunk(seq.block_table, seq.num_computed, count))
-            if seq.num_computed + count == seq.num_tokens:
-                last_rows.append(len(tokens) - 1)
-                sampling.append(index)
-        batch = build_paged_batch(chunks, self.cache.block_size, self.device)
-        logits_index = torch.tensor(last_rows, dtype=torch.long, device=self.device)
-        logits = self.model.forward_paged(torch.tensor(tokens, device=self.device), self.cache, batch, logits_index)
+        step = self.batch.prepare(scheduled)
+        size = self.graphs.size_for(len(scheduled)) if self.graphs and step.rows.decode_only else None
+        if size is not None:
+            if step.max_position >= self.config.context_length:
+                raise ValueError(f"position {step.max_position} exceeds the context length "
+                                 f"{self.config.context_length}")
+            logits = self.graphs.run(step, size)
+        else:
+            batch = PagedBatch(step.positions, step.slot_mapping, self.attention.plan(step.rows), step.max_position)
+            logits = self.model.forward_paged(step.tokens, self.cache, batch, step.logits_index)
+        sampling = step.sampled
         rows, sampled, failed = self._sample(logits, [scheduled[index][0] for index in sampling])
         return Executed([sampling[row] for row in rows], sampled, [(sampling[row], exc) for row, exc in failed])
 

@@ -261,16 +261,17 @@ class GPT(nn.Module):
         `batch.positions` of their sequences (lmforge.model.paged_attention). Returns the
         logits (M, vocab) of the tokens at `logits_index` (default: all N): a prefill chunk
         needs only its last token's."""
-        if int(batch.positions.max()) >= self.config.context_length:
-            raise ValueError(f"position {int(batch.positions.max())} exceeds the context length "
-                             f"{self.config.context_length}")
+        # From the host when the batch knows it: reading the device would wait for it (and cannot be captured).
+        top = batch.max_position if batch.max_position is not None else int(batch.positions.max())
+        if top >= self.config.context_length:
+            raise ValueError(f"position {top} exceeds the context length {self.config.context_length}")
         x = self.wte(tokens)[None]
         if self.wpe is not None:
             x = x + self.wpe(batch.positions)[None]
         # RoPE's cos and sin at the tokens' positions, looked up once for every layer.
         rope = (self.rope_cos[batch.positions], self.rope_sin[batch.positions]) if self.wpe is None else None
         for layer, block in enumerate(self.blocks):
-            x = block.forward_paged(x, rope, cache.keys[layer], cache.values[layer], batch)
+            x = block.forward_paged(x, rope, cache.layer_keys[layer], cache.layer_values[layer], batch)
         x = x[0] if logits_index is None else x[0, logits_index]
         return self.lm_head(self.ln_f(x))
 
