@@ -11,7 +11,6 @@ import signal
 import time
 
 import pytest
-import torch
 
 from lmforge.common.errors import InputError
 from lmforge.inference.config import EngineConfig
@@ -20,21 +19,13 @@ from lmforge.inference.engine_client import EngineClient, EngineGone, EngineStop
 from lmforge.inference.engine_core import HEARTBEAT_SECONDS, EngineSpec
 from lmforge.inference.sampling import SamplingParams
 from lmforge.model.package import load_package
+from tests.inference.test_engine import full_recompute_greedy
 
 PROMPTS = [[4, 5], [6], [7, 8, 9], [10, 11, 12, 13]]
 
 
 def spec(package, **engine) -> EngineSpec:
     return EngineSpec(str(package), str(package), "cpu", EngineConfig(**engine).model_dump())
-
-
-@torch.no_grad()
-def full_recompute_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(max_tokens):
-        logits, _ = model(torch.tensor([tokens]))
-        tokens.append(int(torch.argmax(logits[0, -1])))
-    return tokens[len(prompt):]
 
 
 @pytest.fixture(scope="module")
