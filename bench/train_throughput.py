@@ -69,6 +69,7 @@ def bare_step_times(data: Path, steps: int, args) -> list[float]:
     from lmforge.model.transformer import GPT
     from lmforge.trainer.config import TrainConfig
     from lmforge.trainer.optim import build_optimizer, learning_rate
+    from lmforge.trainer.schedule import TrainingPlan
     from lmforge.trainer.train import build_sampler
 
     config = TrainConfig.model_validate(trainer_config(data, Path("unused"), steps, args))
@@ -77,10 +78,11 @@ def bare_step_times(data: Path, steps: int, args) -> list[float]:
     torch.manual_seed(config.seed)
     model = GPT(config.model.build(vocab_size=sampler.sources[0].vocab_size))
     optimizer = build_optimizer(model, config.optim, fused=False)
+    plan = TrainingPlan.of(config)
     times = []
     for step, batch in enumerate(batches):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, steps, config.optim)
+            group["lr"] = learning_rate(step, plan, config.optim)
         _, loss = model(batch[:, :-1], batch[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)

@@ -8,11 +8,12 @@ from lmforge.model.transformer import GPT
 from lmforge.trainer.__main__ import main
 from lmforge.trainer.config import OptimSection, load_train_config
 from lmforge.trainer.optim import build_optimizer, learning_rate
+from lmforge.trainer.schedule import TrainingPlan
 
 
 def test_cosine_schedule_warms_up_then_decays_to_the_floor():
     config = OptimSection(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
-    lrs = [learning_rate(s, 100, config) for s in range(100)]
+    lrs = [learning_rate(s, TrainingPlan.uniform(100), config) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
     assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
@@ -20,7 +21,7 @@ def test_cosine_schedule_warms_up_then_decays_to_the_floor():
 
 def test_wsd_schedule_is_flat_then_decays():
     config = OptimSection(lr=1.0, warmup_steps=10, schedule="wsd", decay_fraction=0.2, min_lr_ratio=0.0)
-    lrs = [learning_rate(s, 100, config) for s in range(100)]
+    lrs = [learning_rate(s, TrainingPlan.uniform(100), config) for s in range(100)]
     assert set(lrs[10:80]) == {1.0}
     assert lrs[-1] == pytest.approx(0.0) and lrs[85] < 1.0
 
@@ -66,8 +67,8 @@ def test_nonfinite_losses_stop_the_run(tmp_path, monkeypatch):
         "steps": 10, "max_nonfinite_steps": 3, "run_dir": str(tmp_path / "run")})
     real_forward = GPT.forward
 
-    def poisoned(self, idx, targets=None):
-        logits, loss = real_forward(self, idx, targets)
+    def poisoned(self, idx, targets=None, **kwargs):
+        logits, loss = real_forward(self, idx, targets, **kwargs)
         return logits, loss * float("nan")
 
     monkeypatch.setattr(GPT, "forward", poisoned)

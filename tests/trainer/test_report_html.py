@@ -1,7 +1,9 @@
 """The training report (RUN_DIR/report.html): drawn from a two-attempt metrics.jsonl, it charts
 loss, val loss, lr, grad norm, tokens/s and MFU per attempt, marks every committed checkpoint and
 the resume point, says "n/a" for MFU on CPU, and is self-contained; `lmforge-train report` draws
-it from a run directory."""
+it from a run directory. A run of several stages also draws its schedule over consumed tokens
+(stage starts marked, a line per source) and its per-source val losses; a file written before
+stage records existed draws as before."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from lmforge.trainer.cli import main as train_cli
-from lmforge.trainer.metrics_file import MetricsFile
+from lmforge.trainer.metrics_file import MetricsFile, read_records
 from lmforge.trainer.report_html import ReportRefresher, render_report, write_report
+from lmforge.trainer.schedule import Stage, TrainingPlan
 
 CHARTS = ["loss", "lr", "grad_norm", "tokens_per_second", "mfu"]
 
@@ -91,6 +94,99 @@ def write_run(run_dir, mfu: float | None = None, title_text: str = "run") -> Non
             second.write({"kind": "checkpoint", "step": step, "timestamp": 1.7e9 + 100 + step})
     second.write({"kind": "end", "timestamp": 1.7e9 + 130, "status": "finished"})
     second.close()
+
+
+SOURCES = ["web", "code"]
+SCHEDULE_CHARTS = {"schedule_batch", "schedule_seq_len", "schedule_mixture", "schedule_lr"}
+
+
+def scheduled_plan() -> TrainingPlan:
+    """Four stages over 8 steps: a batch ramp 32 → 64 tokens, seq_len 8 → 16 (with its RoPE θ and
+    document masking), then an anneal on `code`; they start at steps 0, 2, 4, 6 (tokens 0, 64, 192, 320)."""
+
+    def stage(index, name, start_tokens, seq_len, sequences, batch_size, mixture, rope_theta=None) -> Stage:
+        return Stage(index=index, name=name, start_tokens=start_tokens, seq_len=seq_len, sequences=sequences,
+                     batch_size=batch_size, mixture=mixture, rope_theta=rope_theta, rope_scaling=None,
+                     document_masking=rope_theta is not None)
+
+    return TrainingPlan(
+        [
+            stage(0, "short", 0, 8, 4, 2, (3.0, 1.0)),
+            stage(1, "ramp", 64, 8, 8, 2, (3.0, 1.0)),
+            stage(2, "long", 192, 16, 4, 1, (3.0, 1.0), rope_theta=1e6),
+            stage(3, "anneal", 320, 16, 4, 1, (0.0, 1.0), rope_theta=1e6),
+        ],
+        steps=8,
+    )
+
+
+def write_scheduled_run(run_dir) -> None:
+    """The records the trainer writes for scheduled_plan(): attempt 1 runs steps 0–5 (checkpoint 3,
+    killed), attempt 2 resumes from 3 and records its stage again at step 4; evaluations at 3 and 7."""
+    plan, path = scheduled_plan(), run_dir / "metrics.jsonl"
+
+    def attempt(steps: range, resumed_from: int | None) -> None:
+        file = MetricsFile(path)
+        file.write({"kind": "start", "timestamp": 1.7e9, "resumed_from": resumed_from, "first_step": steps[0],
+                    "steps": plan.steps, "world_size": 1})
+        for step in steps:
+            stage = plan.stage(step)
+            if step == steps[0] or step == stage.first_step:
+                file.write({"kind": "stage", "step": step, **stage.describe(SOURCES),
+                            "micro_batches": plan.micro_batches(step)})
+            file.write({**step_record(step, 6.0 - 0.2 * step, None), "stage": stage.index, "seq_len": stage.seq_len,
+                        "global_batch_tokens": stage.global_batch_tokens, "tokens": plan.tokens_after(step)})
+            if step in (3, 7):
+                file.write({"kind": "eval", "step": step, "val_loss": 5.0 - 0.1 * step, "seq_len": stage.seq_len,
+                            "val_loss_by_source": {"web": 4.8 - 0.1 * step, "code": 5.5 - 0.1 * step}})
+            if step == 3:
+                file.write({"kind": "checkpoint", "step": step, "timestamp": 1.7e9 + step})
+        file.close()
+
+    attempt(range(0, 6), None)
+    attempt(range(4, 8), 3)
+
+
+def schedule_rows(text: str) -> list[list[str]]:
+    table = re.search(r'<section id="schedule">.*?<tbody>(.*?)</tbody>', text, re.S).group(1)
+    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+
+
+def test_a_scheduled_run_draws_its_stages_over_tokens_and_its_per_source_val_losses(tmp_path):
+    write_scheduled_run(tmp_path)
+    text = write_report(tmp_path).read_text()
+    page = Page(text)
+    assert SCHEDULE_CHARTS | {"val_loss_by_source"} <= set(page.charts)
+    for name in SCHEDULE_CHARTS:  # each stage's start marked once (stage 2's second record is the resume's)
+        stages = [(a["data-stage"], int(a["data-tokens"])) for kind, a in page.markers[name] if kind == "stage"]
+        assert stages == [("0", 0), ("1", 64), ("2", 192), ("3", 320)], name
+    assert "stage 3 (anneal) from 320 tokens consumed, step 6" in page.titles
+    # global batch and seq_len: one step function (two points a stage); the mixture: one per source
+    assert page.series["schedule_batch"] == page.series["schedule_seq_len"] == ["8"]
+    assert page.series["schedule_mixture"] == ["8", "8"] and {"web", "code"} <= set(page.titles)
+    assert page.series["schedule_lr"] == ["6", "4"]  # per attempt, as over steps
+    # web, code, then the mixture's val loss: one evaluation per attempt
+    assert page.series["val_loss_by_source"] == ["2", "2", "2"]
+    assert {"val loss, web", "val loss, code", "val loss, the mixture"} <= set(page.titles)
+    assert schedule_rows(text) == [
+        ["0", "short", "0", "0", "8", "32 (4 sequences)", "2", "web 75%, code 25%", "the model&#39;s",
+         "the model&#39;s", "off"],
+        ["1", "ramp", "2", "64", "8", "64 (8 sequences)", "4", "web 75%, code 25%", "the model&#39;s",
+         "the model&#39;s", "off"],
+        ["2", "long", "4", "192", "16", "64 (4 sequences)", "4", "web 75%, code 25%", "1,000,000",
+         "the model&#39;s", "on"],
+        ["3", "anneal", "6", "320", "16", "64 (4 sequences)", "4", "web 0%, code 100%", "1,000,000",
+         "the model&#39;s", "on"],
+    ]
+
+
+def test_a_run_without_stage_records_or_of_one_stage_draws_no_schedule(tmp_path):
+    write_run(tmp_path)  # written before stage records and token counts existed
+    old = write_report(tmp_path).read_text()
+    assert 'id="schedule"' not in old and set(Page(old).charts) == {"loss", "lr", "grad_norm", "tokens_per_second"}
+    one_stage = scheduled_plan().stages[0].describe(SOURCES)  # a run without a schedule records its one stage
+    plain = render_report([*read_records(tmp_path / "metrics.jsonl"), {"kind": "stage", "step": 0, **one_stage}])
+    assert 'id="schedule"' not in plain and not SCHEDULE_CHARTS & set(Page(plain).charts)
 
 
 def test_every_chart_with_each_attempt_checkpoints_and_the_resume_marked(tmp_path):

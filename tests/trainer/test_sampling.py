@@ -262,3 +262,39 @@ def test_bytes_fetched_per_byte_trained_stay_bounded_with_a_corpus_100x_the_cach
 
     uniform = GlobalSampler([source], [1.0], seed=1)  # today's shuffle: about a block per sequence
     assert fetched_bytes_per_trained_byte(uniform, source, 16, fetches) > 4
+
+
+def test_read_amplification_stays_bounded_across_a_schedules_stage_changes(s3, big_corpus, tmp_path, monkeypatch):
+    """A batch ramp and a change of sequence length (lmforge.trainer.schedule) keep the block shuffle's
+    bound: the streams continue their windows across the stages."""
+    from lmforge.trainer.config import TrainConfig
+    from lmforge.trainer.schedule import TrainingPlan
+
+    fetches: list[int] = []
+    original = S3Bucket.get_range_sized
+
+    def counted(self, key, start, length):
+        data, total = original(self, key, start, length)
+        fetches.append(len(data))
+        return data, total
+
+    monkeypatch.setattr(S3Bucket, "get_range_sized", counted)
+    cache = BlockCache(tmp_path / "cache", max_bytes=64 * AMP_BLOCK)
+    schedule = [{"global_batch_tokens": 8 * AMP_SEQ},
+                {"start_tokens": 40 * 8 * AMP_SEQ, "global_batch_tokens": 16 * AMP_SEQ},
+                {"start_tokens": 80 * 8 * AMP_SEQ, "seq_len": 2 * AMP_SEQ}]
+    config = TrainConfig.model_validate({
+        "data": {"sources": [{"path": f"s3://{AMP_BUCKET}/prep"}], "seq_len": AMP_SEQ, "batch_size": 4},
+        "model": {"overrides": {"context_length": 2 * AMP_SEQ}}, "steps": 100, "schedule": schedule})
+    plan = TrainingPlan.of(config, dp_size=2)
+    source = StreamingSource(f"s3://{AMP_BUCKET}/prep", "train", 2 * AMP_SEQ, cache)  # the longest stage's
+    sampler = BlockSampler([source], [1.0], seed=1, streams=2, window_blocks=2 * UNIT_BLOCKS,
+                           unit_blocks=UNIT_BLOCKS, plan=plan)
+    trained = 0
+    for index in range(plan.batch_index(plan.steps)):
+        step, _ = plan.locate(index)
+        for rank in range(2):
+            tokens, _ = read_batch(sampler, index, rank, 2, plan.per_rank(step))
+            trained += tokens[:, :-1].size * source.token_bytes
+    assert {plan.stage(s).index for s in range(plan.steps)} == {0, 1, 2}
+    assert 1.0 < sum(fetches) / trained <= 1.25, sum(fetches) / trained

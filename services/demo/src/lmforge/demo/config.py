@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -38,6 +39,9 @@ class TrainSection(StrictModel):
     interrupt_at: int = Field(180, ge=1, description="the first attempt is killed (SIGKILL) at this step; it must "
                                                    "come after a checkpoint and before the last step")
     eval_every: int = Field(100, ge=1)
+    recipe: Literal["plain", "curriculum"] = Field(
+        "plain", description="plain: one stage; curriculum: seq_len for the first half of the tokens, then twice "
+        "that with document masking and a 4x RoPE base, then an anneal stage over WSD's decay (the last 20%)")
     bucket: str = Field("lmforge-demo", description="the local S3 bucket checkpoints are uploaded to")
 
     @model_validator(mode="after")

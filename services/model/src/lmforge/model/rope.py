@@ -54,3 +54,23 @@ def apply_rope_at(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positio
     first, second = x.float().chunk(2, dim=-1)
     rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
     return rotated.type_as(x)
+
+
+def set_rope(model: torch.nn.Module, config: GPTConfig, theta: float | None,
+             scaling: RopeScaling | None) -> GPTConfig:
+    """Recompute the RoPE tables of every module of `model` holding them (a GPT, its pipeline chunks) for
+    base `theta` and `scaling` (None: config's own), in place; returns config with them. A training
+    schedule's stage sets its RoPE so (lmforge.trainer.schedule)."""
+    updates = {key: value for key, value in (("rope_theta", theta), ("rope_scaling", scaling)) if value is not None}
+    config = config.model_copy(update=updates)
+    if config.positions != "rope":
+        return config
+    tables = None
+    for module in model.modules():
+        cos, sin = getattr(module, "rope_cos", None), getattr(module, "rope_sin", None)
+        if isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor):
+            if tables is None:
+                tables = rope_tables(config, cos.device)
+            cos.copy_(tables[0].to(cos.dtype))
+            sin.copy_(tables[1].to(sin.dtype))
+    return config

@@ -7,6 +7,7 @@ MLP or a mixture of experts (lmforge.model.moe), tied or untied embeddings, resi
 projections initialised with std 0.02/sqrt(2·n_layer). The configuration and presets are in
 lmforge.model.config, RoPE in lmforge.model.rope, the inference cache in
 lmforge.model.kv_cache (paged; attention over it in lmforge.model.paged_attention); all are importable from here.
+With `documents` a packed sequence attends within each document (lmforge.model.document_mask).
 
 The model holds no parallelism (torchtitan's split): the trainer wraps it. Each MLP projection
 is its own Linear, so tensor parallelism can shard attn.query/key/value, mlp.gate and mlp.up by
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.model.config import GPTConfig
+from lmforge.model.document_mask import document_attention, query_documents
 from lmforge.model.kv_cache import PagedKVCache
 from lmforge.model.moe import MoE, moe_layers
 from lmforge.model.paged_attention import PagedBatch, paged_attention
@@ -65,9 +67,10 @@ class CausalSelfAttention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
-        # attention_fn(q, k, v, positions, dropout_p) -> (B, n_head, T, D), called after RoPE
-        # in place of causal SDPA when set: the hook by which the trainer's context parallelism
-        # (lmforge.trainer.context_parallel) attends local queries to every rank's keys.
+        # attention_fn(q, k, v, positions, dropout_p, documents=None) -> (B, n_head, T, D), called
+        # after RoPE in place of causal SDPA when set: the hook by which the trainer's context
+        # parallelism (lmforge.trainer.context_parallel) attends local queries to every rank's keys;
+        # `documents` (B, T_full) are the whole sequence's document ids under document masking.
         self.attention_fn = None
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -93,7 +96,7 @@ class CausalSelfAttention(nn.Module):
                 state_dict.update({f"{prefix}{name}.{kind}": part for name, part in parts.items()})
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
         q, k, v = self._project(x)
         if rope is not None and positions is not None:
             q, k = apply_rope_at(q, *rope, positions), apply_rope_at(k, *rope, positions)
@@ -101,7 +104,10 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.config.dropout if self.training else 0.0
         if self.attention_fn is not None:
-            return self._output(self.attention_fn(q, k, v, positions, dropout))
+            return self._output(self.attention_fn(q, k, v, positions, dropout, documents=documents))
+        if documents is not None:  # causal within each document (lmforge.model.document_mask)
+            y = document_attention(q, k, v, positions, query_documents(documents, positions), documents, dropout)
+            return self._output(y)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
                                            enable_gqa=self.kv_heads != self.heads)
         return self._output(y)
@@ -188,8 +194,9 @@ class Block(nn.Module):
         self.mlp = build_mlp(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rope, positions: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.ln_1(x), rope, positions))
+    def forward(self, x: torch.Tensor, rope, positions: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.ln_1(x), rope, positions, documents))
         return x + self.dropout(self.mlp(self.ln_2(x)))
 
     def forward_paged(self, x: torch.Tensor, rope, keys, values, batch: PagedBatch) -> torch.Tensor:
@@ -231,10 +238,14 @@ class GPT(nn.Module):
             elif isinstance(module, MoE):
                 module.reset_parameters(residual_std)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None):
         """Logits (B, T, vocab); with targets also the mean cross-entropy loss (in training
         plus the MoE layers' auxiliary losses). `positions` (B, T): the tokens' positions in
-        their sequence when idx is not 0..T-1 (a context-parallel shard); default 0..T-1."""
+        their sequence when idx is not 0..T-1 (a context-parallel shard); default 0..T-1.
+        `documents` (B, T_full): the document ids of the whole sequence (lmforge.model.document_mask's
+        document_ids; the whole one also when idx is a shard): a token then attends only to earlier
+        tokens of its own document. Positions stay the sequence's; None: causal attention over all."""
         time = idx.shape[1]
         if time > self.config.context_length:
             raise ValueError(f"sequence of {time} tokens exceeds the context length {self.config.context_length}")
@@ -244,7 +255,7 @@ class GPT(nn.Module):
         x = self.drop(x)
         rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
         for block in self.blocks:
-            x = block(x, rope, positions)
+            x = block(x, rope, positions, documents)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None

@@ -12,6 +12,8 @@ import numpy as np
 from lmforge.common.shard_index import ShardEntry, new_manifest, write_split_index
 from lmforge.common.shards import BLOCK_BYTES, write_shard
 
+EOT_ID = 0  # the end-of-text token of the synthetic outputs (their patterns draw tokens from 1 up)
+
 
 def write_output(root: Path, shard_tokens: dict[str, list[np.ndarray]], *, vocab_size: int,
                  tokenizer_sha: str = "ab" * 32, block_bytes: int = BLOCK_BYTES) -> Path:
@@ -23,11 +25,11 @@ def write_output(root: Path, shard_tokens: dict[str, list[np.ndarray]], *, vocab
         entries = []
         for k, tokens in enumerate(arrays):
             rel = f"shards/{split}_{k:05d}.bin"
-            digest = write_shard(root / rel, tokens, np.array([len(tokens)]), eot_id=0, vocab_size=vocab_size,
+            digest = write_shard(root / rel, tokens, np.array([len(tokens)]), eot_id=EOT_ID, vocab_size=vocab_size,
                                  tokenizer_sha256=tokenizer_sha, block_bytes=block_bytes)
             entries.append(ShardEntry(rel, int(len(tokens)), 1, (root / rel).stat().st_size, **digest.index_fields()))
         splits[split] = write_split_index(lambda rel, data: _write(root / rel, data), split, entries)
-    manifest = new_manifest({"sha256": tokenizer_sha, "vocab_size": vocab_size}, splits)
+    manifest = new_manifest({"sha256": tokenizer_sha, "vocab_size": vocab_size, "eot_id": EOT_ID}, splits)
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
@@ -38,8 +40,10 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def synthetic_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_000, seed: int = 0,
-                     block_bytes: int = BLOCK_BYTES) -> Path:
-    """A noisy repeating pattern (so a model can learn), split into two train shards and a val shard."""
+                     block_bytes: int = BLOCK_BYTES, document_tokens: int = 0) -> Path:
+    """A noisy repeating pattern (so a model can learn), split into two train shards and a val shard;
+    with document_tokens, documents of about that many tokens (geometric lengths) each ending with the
+    end-of-text token EOT_ID (which the pattern never uses)."""
     root.mkdir(parents=True, exist_ok=True)
     stand_in = json.dumps({"stand_in_tokenizer": True, "vocab_size": vocab_size}).encode()
     (root / "tokenizer.json").write_bytes(stand_in)
@@ -48,6 +52,9 @@ def synthetic_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_0
     tokens = np.resize(pattern, train_tokens)
     noise = rng.random(train_tokens) < 0.2
     tokens[noise] = rng.integers(1, vocab_size, int(noise.sum()))
+    if document_tokens:
+        ends = np.cumsum(rng.geometric(1 / document_tokens, train_tokens // document_tokens * 2)) - 1
+        tokens[ends[ends < train_tokens]] = EOT_ID
     val = tokens[: min(3000, train_tokens)]
     return write_output(root, {"train": [tokens[: train_tokens // 2], tokens[train_tokens // 2 :]], "val": [val]},
                         vocab_size=vocab_size, tokenizer_sha=hashlib.sha256(stand_in).hexdigest(),

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from lmforge.common.config import StrictModel, load_config
-from lmforge.model.config import GPTConfig
+from lmforge.model.config import GPTConfig, RopeScaling
 from lmforge.trainer.mesh_layout import section_problems
 
 ENV_PREFIX = "LMFORGE_TRAINER"
@@ -64,6 +64,37 @@ class DataSection(StrictModel):
     shuffle_mixture_chunk: int = Field(1024, ge=1, description="blocks: each stream's draws come in chunks of this "
                                        "many, which hold each source's share of the weights exactly (largest "
                                        "remainder); a source with a weight needs at least one draw a chunk")
+    document_masking: bool = Field(False, description="attention within a document only (documents end at the "
+                                   "tokenizer's end-of-text token); a schedule stage longer than data.seq_len "
+                                   "turns it on unless the stage says otherwise")
+
+
+class StageSection(StrictModel):
+    """One stage of the recipe (lmforge.trainer.schedule): from start_tokens consumed tokens on, until the next
+    stage's. A field left unset keeps the previous stage's value (the first stage's: data's and model's)."""
+
+    name: str = Field("", description="shown in the metrics and the report (default: stage-N)")
+    start_tokens: int = Field(0, ge=0, description="tokens consumed before the stage starts (the first: 0); it "
+                              "starts at the first step that begins at or past it")
+    global_batch_tokens: int | None = Field(None, ge=1, description="tokens per optimizer step, whatever the world "
+                                            "size (required on the first stage): seq_len x the global batch in "
+                                            "sequences, realised by micro-batches of data.batch_size sequences "
+                                            "(or this stage's batch_size) per rank")
+    seq_len: int | None = Field(None, ge=1, description="tokens per sequence: the same token stream packed into "
+                                "longer sequences (every stage's divides the longest, and the shortest divides "
+                                "every stage's)")
+    batch_size: int | None = Field(None, ge=1, description="sequences per rank per micro-step (default: the "
+                                   "tokens of data.batch_size x data.seq_len, at this seq_len)")
+    mixture: dict[str, float] | None = Field(None, description="weights by source name (the last part of "
+                                             "data.sources' paths); a source left out gets 0")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base for this stage (model.rope_theta at first)")
+    rope_scaling: RopeScaling | None = Field(None, description="Llama 3's RoPE frequency scaling for this stage")
+    document_masking: bool | None = Field(None, description="default: on for a stage longer than data.seq_len, "
+                                          "else data.document_masking")
+    mesh: dict[Literal["dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"], int] | None = Field(
+        None, description="the mesh degrees the stage is planned for (lmforge-train plan --schedule), e.g. "
+        "{dp_shard: 64, tp: 8, cp: 2}: a run on another mesh stops before the stage (exit 8), its previous "
+        "step checkpointed, to be resumed on this one; unset: the previous stage's (the first's: any)")
 
 
 class OptimSection(StrictModel):
@@ -72,10 +103,11 @@ class OptimSection(StrictModel):
     weight_decay: float = Field(0.1, ge=0)
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(10, ge=0)
+    warmup_steps: int = Field(10, ge=0, description="the LR is a function of consumed tokens: warmup ends at "
+                              "the tokens of the first warmup_steps steps")
     schedule: Literal["cosine", "wsd"] = "cosine"
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: share of steps spent decaying")
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: share of the run's tokens spent decaying")
 
 
 def _degree(value: int) -> int:
@@ -205,8 +237,13 @@ class TrainConfig(StrictModel):
     tracking: TrackingSection = Field(default_factory=TrackingSection)
     float8: Float8Section = Field(default_factory=Float8Section)
     profile: ProfileSection = Field(default_factory=ProfileSection)
+    schedule: list[StageSection] = Field(default_factory=list, description="the recipe's stages by consumed "
+                                         "tokens: global batch, sequence length, mixture, RoPE, document masking "
+                                         "(lmforge.trainer.schedule); empty: one stage from data, grad_accum and "
+                                         "the world size")
     steps: int = Field(100, ge=1)
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, description="micro-batches per step (without a schedule; a schedule derives "
+                                     "them from global_batch_tokens)")
     seed: int = 1234
     run_dir: str = "runs/default"
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -5,7 +5,8 @@ so under a causal mask every rank has the same attention work. Each rank embeds 
 with their global positions (RoPE or learned), projects its queries, keys and values, gathers
 every rank's keys and values (only the kv heads under GQA; the gather's backward sums each
 rank's key/value gradients back to their owner), and attends its queries to the whole
-sequence under a mask built from global positions. The loss is each rank's cross-entropy sum
+sequence under a mask built from global positions (and, with document masking, the whole sequence's
+document ids, which every rank holds: lmforge.model.document_mask). The loss is each rank's cross-entropy sum
 over the global token count, so the shares add up to the one-process mean.
 
 This is what the trainer runs on every backend (train.Trainer, parallelize.parallelize). torch's
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.model.config import GPTConfig
+from lmforge.model.document_mask import document_attention, query_documents
 from lmforge.trainer.layout_rules import ModelDims, context_parallel_problems, refuse
 
 __all__ = [
@@ -84,13 +86,18 @@ def _gather_heads(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor
 
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                         dropout_p: float, *, group: dist.ProcessGroup) -> torch.Tensor:
+                         dropout_p: float, documents: torch.Tensor | None = None, *,
+                         group: dist.ProcessGroup) -> torch.Tensor:
     """Local queries (B, H, T/cp, D) attend to every rank's keys and values (B, kv_heads, T/cp, D)
     under a causal mask of global positions (B, T/cp). The gathered keys are put back in
-    sequence order, so the softmax sums in the one-process order."""
+    sequence order, so the softmax sums in the one-process order. `documents` (B, T): the whole
+    sequence's document ids; a query then attends only to keys of its own document."""
     if positions is None:
         raise ValueError("context parallel attention needs the tokens' global positions (GPT.forward(positions=…))")
     keys, values = _gather_heads(k, group), _gather_heads(v, group)
+    if documents is not None:  # the keys are in sequence order: their documents are the sequence's
+        return document_attention(q, keys, values, positions, query_documents(documents, positions), documents,
+                                  dropout_p)
     key_positions = torch.arange(keys.shape[2], device=q.device)
     mask = positions[:, None, :, None] >= key_positions  # (B, 1, T/cp, T)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout_p,
@@ -126,12 +133,13 @@ def context_parallel_loss(logits: torch.Tensor, targets: torch.Tensor,
     return share, mean
 
 
-def context_parallel_forward(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor,
-                             group: dist.ProcessGroup) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def context_parallel_forward(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, group: dist.ProcessGroup,
+                             documents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shard a whole (B, T) batch, run the context-parallel model on this rank's shard:
-    (local logits (B, T/cp, vocab), this rank's loss share to backpropagate, the global mean)."""
+    (local logits (B, T/cp, vocab), this rank's loss share to backpropagate, the global mean).
+    `documents` (B, T): the whole batch's document ids, for document masking (every rank holds them whole)."""
     batch = shard_batch(idx, targets, group)
-    logits, _ = model(batch.idx, positions=batch.positions)
+    logits, _ = model(batch.idx, positions=batch.positions, documents=documents)
     share, mean = context_parallel_loss(logits, batch.targets, group)
     return logits, share, mean
 

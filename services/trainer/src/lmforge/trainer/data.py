@@ -66,6 +66,7 @@ class ShardSource(SequenceCounts):
         self.manifest = parse_manifest(raw, str(manifest_path))
         self.tokenizer_sha256 = self.manifest["tokenizer"]["sha256"]
         self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
+        self.eot_id = self.manifest["tokenizer"].get("eot_id")
         entries = read_split_index(self.manifest, split, self._read_file, str(self.root))
         if not entries:
             raise ConfigError(f"data source {self.root}: no {split!r} shards in manifest.json")
@@ -101,15 +102,25 @@ class ShardSource(SequenceCounts):
     def token_bytes(self) -> int:
         return self.shards[0].tokens.dtype.itemsize
 
-    def sequence(self, index: int) -> np.ndarray:
-        """seq_len + 1 tokens: inputs and (shifted by one) targets."""
+    def sequence(self, index: int, offset: int = 0, length: int = 0) -> np.ndarray:
+        """seq_len + 1 tokens: inputs and (shifted by one) targets; with `length`, length + 1 tokens of it
+        from `offset` on (a shorter stage's piece of the sequence, lmforge.trainer.schedule)."""
         shard_index, start_in_shard = locate_sequence(self._ends, index)
-        start = start_in_shard * self.seq_len
-        return np.asarray(self.shards[shard_index].tokens[start : start + self.seq_len + 1], dtype=np.int64)
+        start = start_in_shard * self.seq_len + offset
+        return np.asarray(self.shards[shard_index].tokens[start : start + (length or self.seq_len) + 1],
+                          dtype=np.int64)
 
 
 @dataclass(frozen=True)
 class SampleRef:
+    """Sequence `sequence` of source `source` (drawn in its epoch `epoch`); with `length`, the piece of
+    length + 1 tokens of it from `offset` on."""
+
     source: int
     sequence: int
     epoch: int
+    offset: int = 0
+    length: int = 0
+
+    def read(self, sources) -> np.ndarray:
+        return sources[self.source].sequence(self.sequence, self.offset, self.length)

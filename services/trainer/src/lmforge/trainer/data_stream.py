@@ -80,6 +80,7 @@ class StreamingSource(SequenceCounts):
         self.manifest = parse_manifest(self._manifest_bytes(), f"{self.uri}/{MANIFEST}")
         self.tokenizer_sha256 = self.manifest["tokenizer"]["sha256"]
         self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
+        self.eot_id = self.manifest["tokenizer"].get("eot_id")
         self.dtype = token_dtype(self.vocab_size)
         self._sidecars: OrderedDict[str, bytes] = OrderedDict()
         self._sidecars_lock = threading.Lock()
@@ -103,14 +104,15 @@ class StreamingSource(SequenceCounts):
     def token_bytes(self) -> int:
         return self.dtype.itemsize
 
-    def sequence(self, index: int) -> np.ndarray:
-        """seq_len + 1 tokens: inputs and (shifted by one) targets (as ShardSource.sequence)."""
+    def sequence(self, index: int, offset: int = 0, length: int = 0) -> np.ndarray:
+        """seq_len + 1 tokens: inputs and (shifted by one) targets, or a piece of them (as ShardSource.sequence)."""
         shard_index, start_in_shard = locate_sequence(self._ends, index)
         shard = self.shards[shard_index]
         if not shard.header_checked:
             self._check_header(shard)
         itemsize = self.dtype.itemsize
-        raw = self._read(shard, HEADER_BYTES + start_in_shard * self.seq_len * itemsize, (self.seq_len + 1) * itemsize)
+        start = start_in_shard * self.seq_len + offset
+        raw = self._read(shard, HEADER_BYTES + start * itemsize, ((length or self.seq_len) + 1) * itemsize)
         return np.frombuffer(raw, dtype=self.dtype).astype(np.int64)
 
     # -- internals -------------------------------------------------------------------------
@@ -226,7 +228,7 @@ def read_batch(sampler: Sampler, step: int, rank: int, world_size: int,
     if _pool is None:
         _pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="lmforge-fetch")
     refs = sampler.batch_refs(step, rank, world_size, per_rank)
-    rows = _pool.map(lambda ref: sampler.sources[ref.source].sequence(ref.sequence), refs)
+    rows = _pool.map(lambda ref: ref.read(sampler.sources), refs)
     return np.stack(list(rows)), refs
 
 

@@ -58,6 +58,11 @@ class TrainMetrics:
         self.step = AbsentUntilSetGauge("lmforge_train_step", "Last completed optimizer step", r)
         self.loss = AbsentUntilSetGauge("lmforge_train_loss", "Training loss (mean over ranks)", r)
         self.val_loss = AbsentUntilSetGauge("lmforge_train_val_loss", "Validation loss at the last evaluation", r)
+        self.source_val_loss = Gauge("lmforge_train_source_val_loss", "Validation loss of each data source at the "
+                                     "last evaluation (runs of several sources)", ["source"], registry=r)
+        self.stage = AbsentUntilSetGauge("lmforge_train_stage", "The schedule's stage of the last step (0: first)", r)
+        self.consumed_tokens = AbsentUntilSetGauge("lmforge_train_consumed_tokens",
+                                                   "Tokens consumed by the end of the last step", r)
         self.grad_norm = AbsentUntilSetGauge("lmforge_train_grad_norm", "Global gradient norm before clipping", r)
         self.learning_rate = AbsentUntilSetGauge("lmforge_train_learning_rate", "Learning rate", r)
         self.tokens_per_second = AbsentUntilSetGauge("lmforge_train_tokens_per_second",
@@ -100,6 +105,8 @@ class TrainMetrics:
         self.grad_norm.set(record["grad_norm"])
         self.learning_rate.set(record["lr"])
         self.tokens_per_second.set(record["tokens_per_second"])
+        self.stage.set(record["stage"])
+        self.consumed_tokens.set(record["tokens"])
         if record.get("mfu") is not None:
             self.mfu.set(record["mfu"])
         for key, gauge in self.moe.items():
@@ -109,6 +116,11 @@ class TrainMetrics:
             self.step_seconds.labels(rank=str(rank)).set(figures["step_seconds"])
             self.data_wait.labels(rank=str(rank)).set(figures["data_wait_seconds"])
             self.peak_memory.labels(rank=str(rank)).set(figures["peak_memory_bytes"])
+
+    def observe_eval(self, val_loss: float, by_source: dict[str, float]) -> None:
+        self.val_loss.set(val_loss)
+        for source, loss in by_source.items():
+            self.source_val_loss.labels(source=source).set(loss)
 
     def close(self) -> None:
         if self.server is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 
@@ -16,17 +17,47 @@ def build_optimizer(model: torch.nn.Module, config: OptimSection, fused: bool) -
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused)
 
 
-def learning_rate(step: int, total_steps: int, config: OptimSection) -> float:
-    """Linear warmup, then cosine to min_lr, or warmup-stable-decay (linear decay at the end)."""
+class TokenClock(Protocol):
+    """What the LR schedule reads of the run's plan (lmforge.trainer.schedule.TrainingPlan)."""
+
+    steps: int
+
+    def tokens_before(self, step: int) -> int: ...
+
+    def tokens_after(self, step: int) -> int: ...
+
+
+def learning_rate(step: int, plan: TokenClock, config: OptimSection) -> float:
+    """Linear warmup, then cosine to min_lr, or warmup-stable-decay (linear decay at the end), placed
+    in consumed tokens: under a batch-size ramp a step's LR is where its tokens are in the run, and it
+    is not rescaled with the batch. Warmup ends at the tokens of the first warmup_steps steps, WSD's
+    decay starts at the first step at or past (1 - decay_fraction) of the run's tokens. With one
+    global batch this is the schedule over steps."""
     peak, floor = config.lr, config.lr * config.min_lr_ratio
+    total, warmup_end = plan.tokens_after(plan.steps - 1), plan.tokens_before(min(config.warmup_steps, plan.steps))
     if step < config.warmup_steps:
-        return peak * (step + 1) / config.warmup_steps
+        return peak * plan.tokens_after(step) / warmup_end
     if config.schedule == "cosine":
-        span = max(1, total_steps - config.warmup_steps)
-        progress = min(1.0, (step - config.warmup_steps) / span)
+        span = max(1, total - warmup_end)
+        progress = min(1.0, (plan.tokens_before(step) - warmup_end) / span)
         return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
-    decay_steps = max(1, int(total_steps * config.decay_fraction))
-    decay_start = total_steps - decay_steps
+    decay_start = decay_start_step(plan, config)
     if step < decay_start:
         return peak
-    return peak - (peak - floor) * min(1.0, (step - decay_start + 1) / decay_steps)
+    start_tokens = plan.tokens_before(decay_start)
+    return peak - (peak - floor) * min(1.0, (plan.tokens_after(step) - start_tokens) / max(1, total - start_tokens))
+
+
+def decay_start_step(plan: TokenClock, config: OptimSection) -> int:
+    """WSD's first decaying step: the first that begins at or past (1 - decay_fraction) of the run's tokens
+    (at least one step decays)."""
+    total = plan.tokens_after(plan.steps - 1)
+    boundary = total - int(total * config.decay_fraction)
+    lo, hi = 0, plan.steps - 1
+    while lo < hi:  # tokens_before grows with the step
+        mid = (lo + hi) // 2
+        if plan.tokens_before(mid) >= boundary:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

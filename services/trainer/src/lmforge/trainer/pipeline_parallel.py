@@ -20,6 +20,10 @@ stage's loss is then context_parallel_loss's share (the shard's cross-entropy su
 token count) times cp, as the trainer's own cp step scales it: FSDP over dp_shard × cp averages the
 gradients, so the cp ranks' shares add up.
 
+With document masking (lmforge.model.document_mask) the batch's document ids (B, T), whole sequences
+also under cp, go to every stage's chunk the same way (torch's schedules split keyword arguments into
+micro-batches along the batch and pass them to every stage, not only the first).
+
 Not supported, refused by the layout rulebook (lmforge.trainer.layout_rules.pipeline_problems) at the
 trainer's start and again by `build_pipeline`: tied embeddings (the head would live on another stage
 than the embedding it shares) and the MoE option (its auxiliary losses arise on every stage, but a
@@ -88,8 +92,10 @@ class PipelineChunk(nn.Module):
             self.register_buffer("rope_cos", model.rope_cos, persistent=False)
             self.register_buffer("rope_sin", model.rope_sin, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """`positions` (B, T): the tokens' global positions, under context parallelism (as GPT.forward's)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        """`positions` (B, T): the tokens' global positions, under context parallelism; `documents`
+        (B, T_full): the whole sequences' document ids, for document masking (as GPT.forward's)."""
         if self.wte is not None:
             time = x.shape[1]
             x = self.wte(x)
@@ -98,7 +104,7 @@ class PipelineChunk(nn.Module):
             x = self.drop(x)
         rope = (self.rope_cos, self.rope_sin) if self.rotary else None
         for block in self.blocks.values():
-            x = block(x, rope, positions)
+            x = block(x, rope, positions, documents)
         if self.lm_head is not None:
             x = self.lm_head(self.ln_f(x))
         return x
@@ -183,32 +189,34 @@ def build_pipeline(model: GPT, group: dist.ProcessGroup, schedule: str, microbat
 
 
 def pipeline_step(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor,
-                  positions: torch.Tensor | None = None) -> torch.Tensor:
+                  positions: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
     """Forward and backward of one batch (B, T) through the pipeline, gradients accumulated into
     every rank's chunks; returns the batch's mean cross-entropy on every rank of the group (the
     share of one optimizer step is this / grad_accum). Every rank passes the same batch; only the
     first stage reads the inputs and only the last the targets. With a cp group: this rank's cp
-    shard (B, T/cp) and its global `positions` (B, T/cp); the mean is the whole sequences'."""
-    return _run_schedule(pipeline, inputs, targets, positions, train=True)
+    shard (B, T/cp) and its global `positions` (B, T/cp); the mean is the whole sequences'. `documents`
+    (B, T): the document ids of the whole sequences (also under cp), for document masking."""
+    return _run_schedule(pipeline, inputs, targets, positions, documents, train=True)
 
 
 @torch.no_grad()
 def pipeline_eval(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor,
-                  positions: torch.Tensor | None = None) -> torch.Tensor:
+                  positions: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
     """The batch's mean cross-entropy through the pipeline, forward only (put the chunks in eval
     mode first, as for a model), on every rank of the group."""
-    return _run_schedule(pipeline, inputs, targets, positions, train=False)
+    return _run_schedule(pipeline, inputs, targets, positions, documents, train=False)
 
 
 def _run_schedule(pipeline: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None,
-                  *, train: bool) -> torch.Tensor:
+                  documents: torch.Tensor | None = None, *, train: bool) -> torch.Tensor:
     if inputs.shape[0] % pipeline.microbatches:
         raise ValueError(f"batch of {inputs.shape[0]} sequences does not split into "
                          f"{pipeline.microbatches} pipeline micro-batches")
     losses: list[torch.Tensor] = []
     first = any(stage.is_first for stage in pipeline.stages)
     run = pipeline.schedule.step if train else pipeline.schedule.eval
-    kwargs = {} if positions is None else {"positions": positions}  # split into micro-batches, for every stage
+    # split into micro-batches along the batch, for every stage
+    kwargs = {name: value for name, value in (("positions", positions), ("documents", documents)) if value is not None}
     run(*([inputs] if first else []), target=targets if pipeline.has_last_stage else None, losses=losses,
         return_outputs=False, **kwargs)
     if pipeline.has_last_stage:

@@ -11,6 +11,7 @@ a checkpoint saved by a pipeline resumes without one, and exports, as any other.
 With context parallelism (`parallel.cp` > 1) each rank cuts the batch along the sequence into its
 load-balanced cp shard (context_parallel.shard_batch) before the schedule cuts it into micro-batches
 along the batch; the shard's global positions go with it to every stage (lmforge.trainer.pipeline_parallel).
+Document ids for document masking (lmforge.model.document_mask) stay the whole sequences' under cp.
 
 What a pipeline refuses (tied embeddings, the MoE option, DDP, compile, too few micro-batches, …) is
 lmforge.trainer.layout_rules's, checked by the trainer's start before any process group.
@@ -27,6 +28,7 @@ from lmforge.model.transformer import GPT
 from lmforge.trainer.context_parallel import shard_batch
 from lmforge.trainer.parallelize import parallelize
 from lmforge.trainer.pipeline_parallel import (
+    MicrobatchLoss,
     Pipeline,
     build_pipeline,
     clip_grad_norm_pipeline,
@@ -65,12 +67,14 @@ class PipelineModel(nn.Module):
     def forward(self, *_):
         raise TypeError("a pipeline runs through train_step / eval_loss, not a forward call")
 
-    def train_step(self, batch: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one batch (B, T + 1) of token ids; its mean loss, on every stage."""
-        return pipeline_step(self.pipeline, *self._inputs(batch))
+    def train_step(self, batch: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward and backward of one batch (B, T + 1) of token ids; its mean loss, on every stage.
+        `documents` (B, T): the document ids of the batch's input tokens (batch[:, :-1]), whole
+        sequences also under cp, for document masking."""
+        return pipeline_step(self.pipeline, *self._inputs(batch), documents)
 
-    def eval_loss(self, batch: torch.Tensor) -> torch.Tensor:
-        return pipeline_eval(self.pipeline, *self._inputs(batch))
+    def eval_loss(self, batch: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        return pipeline_eval(self.pipeline, *self._inputs(batch), documents)
 
     def _inputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(tokens, targets, global positions): this rank's cp shard of each, or the whole batch without cp."""
@@ -81,6 +85,21 @@ class PipelineModel(nn.Module):
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """The gradient norm over every stage's parameters, after clipping them by it."""
         return clip_grad_norm_pipeline(self.parameters(), max_norm, self.pipeline.group)
+
+    def set_grad_accum(self, grad_accum: int) -> None:
+        """A training schedule's new stage (lmforge.trainer.schedule): new pipeline stages and schedule over the
+        same chunks, whose micro-batch losses are shares of grad_accum × micro-batches and whose activation
+        shapes are inferred again at the next step (the stage's sequence length and batch)."""
+        from torch.distributed import pipelining
+
+        old = self.pipeline
+        stages = [pipelining.PipelineStage(stage.submod, stage.stage_index, stage.num_stages, stage.device,
+                                           group=old.group) for stage in old.stages]
+        interleaved = not isinstance(old.schedule, pipelining.schedules.PipelineScheduleSingle)
+        old.schedule = type(old.schedule)(stages if interleaved else stages[0], old.microbatches,
+                                          loss_fn=MicrobatchLoss(old.microbatches * grad_accum, old.cp_group),
+                                          scale_grads=False)
+        old.stages, old.grad_accum = stages, grad_accum
 
 
 def build_pipeline_model(model: GPT, parallel: ParallelSection, ctx: Dist, grad_accum: int,

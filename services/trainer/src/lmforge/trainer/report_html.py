@@ -7,6 +7,13 @@ CSS, no JavaScript, nothing fetched: the page opens from a laptop, a ticket or a
 This module computes what the page shows; templates/report.html lays it out (autoescaped, on the
 shared layout of lmforge.pages.html_pages).
 
+A run of several stages (lmforge.trainer.schedule: its `stage` records) also gets a Schedule
+section: global batch, sequence length and mixture weights per source as the stage records set
+them, and the learning rate, over consumed tokens rather than steps (a stage starts at a token
+count, and a batch ramp makes steps uneven), each stage's start marked and named, with a table of
+the stages. Evaluations of several sources add their per-source val losses over steps. A file
+written before stage records and token counts existed draws as before, without those.
+
 The trainer rewrites it (rank 0) at each committed checkpoint and when the attempt ends;
 `lmforge-train report --run-dir DIR` draws it from any metrics.jsonl.
 """
@@ -23,7 +30,7 @@ from pathlib import Path
 
 from lmforge.common.atomic_files import atomic_write_bytes
 from lmforge.pages.chart_axes import nice_ticks
-from lmforge.pages.formatting import duration, number, percent
+from lmforge.pages.formatting import SI_SUFFIXES, duration, number, percent
 from lmforge.pages.html_pages import render
 from lmforge.pages.line_chart import Frame, LegendItem, Line, LineChart, Marker, line_chart
 from lmforge.trainer.mesh_layout import MESH_AXES
@@ -33,7 +40,9 @@ REPORT_FILE = "report.html"
 MAX_POINTS = 2000  # per line; longer ones are thinned evenly (the last point is always kept)
 FRAME = Frame(width=960, height=280, left=84, right=16, top=22, bottom=44)
 ATTEMPT_COLORS = ("#2563eb", "#0d9488", "#7c3aed", "#db2777", "#ca8a04", "#475569")
-CHECKPOINT_COLOR, RESUME_COLOR = "#16a34a", "#ea580c"
+CHECKPOINT_COLOR, RESUME_COLOR, STAGE_COLOR = "#16a34a", "#ea580c", "#475569"
+SETTING_COLOR = "#2563eb"  # a stage setting's line (global batch, sequence length)
+SOURCE_COLORS = ("#2563eb", "#db2777", "#0d9488", "#ca8a04", "#7c3aed", "#dc2626", "#0891b2", "#65a30d")
 
 
 def _finite(value) -> float | None:
@@ -80,6 +89,7 @@ class RunView:
     steps: list[dict]  # each step once, the newest attempt's record
     evals: list[dict]
     target_steps: int | None
+    stages: list[dict] = field(default_factory=list)  # each stage's record once, in the order they start
 
     @classmethod
     def of(cls, records: list[dict]) -> RunView:
@@ -93,11 +103,14 @@ class RunView:
             elif record.get("kind") == "end":
                 attempts[attempt_of(record)].end = record
         targets = [s["steps"] for s in starts.values() if isinstance(s.get("steps"), int)]
+        # a resumed attempt records its stage again: the newest record of each stage holds
+        stages = {r["stage"]: r for r in records if r.get("kind") == "stage" and isinstance(r.get("stage"), int)}
         return cls(
             list(attempts.values()),
             latest_per_step(records),
             latest_per_step(records, "eval"),
             targets[-1] if targets else None,
+            sorted(stages.values(), key=lambda r: (_finite(r.get("start_tokens")) or 0.0, r["stage"])),
         )
 
     @property
@@ -208,6 +221,10 @@ def _markers(view: RunView) -> list[Marker]:
     return checkpoints + resumes
 
 
+def _legend(lines: list[Line]) -> list[LegendItem]:
+    return [LegendItem(line.label, line.color, "dashed" if line.dashed else "line") for line in lines]
+
+
 def _chart_section(
     name: str, title: str, axis: str, lines: list[Line], view: RunView, fmt: Callable[[float, int], str], missing: str
 ) -> ChartSection:
@@ -230,7 +247,7 @@ def _chart_section(
         max_points=MAX_POINTS,
         y_pad=0.06,
     )
-    legend = [LegendItem(line.label, line.color, "dashed" if line.dashed else "line") for line in lines]
+    legend = _legend(lines)
     if view.checkpoints:
         legend.append(LegendItem("checkpoint committed", CHECKPOINT_COLOR, "dashed"))
     if view.resumes:
@@ -247,6 +264,42 @@ def _loss_section(view: RunView) -> ChartSection:
     return _chart_section("loss", "Loss", "loss (cross-entropy)", lines, view, number, "no steps logged yet")
 
 
+def _source_names(view: RunView) -> list[str]:
+    """The data sources, in the order the stage records' mixtures (then the evaluations) name them."""
+    names: dict[str, None] = {}
+    for mapping in [s.get("mixture") for s in view.stages] + [r.get("val_loss_by_source") for r in view.evals]:
+        names.update(dict.fromkeys(mapping if isinstance(mapping, dict) else ()))
+    return list(names)
+
+
+def _by_source(record: dict) -> dict:
+    losses = record.get("val_loss_by_source")
+    return losses if isinstance(losses, dict) else {}
+
+
+def _source_color(index: int) -> str:
+    return SOURCE_COLORS[index % len(SOURCE_COLORS)]
+
+
+def _val_loss_by_source_section(view: RunView) -> ChartSection | None:
+    """Each source's val loss over steps (evaluations of a run of several sources), the mixture's beside them."""
+    if not any(isinstance(r.get("val_loss_by_source"), dict) for r in view.evals):
+        return None
+    lines = [
+        Line(
+            f"val loss, {name}",
+            _source_color(index),
+            [(r["step"], v) for r in view.evals if (v := _finite(_by_source(r).get(name))) is not None],
+            dots=True,
+        )
+        for index, name in enumerate(_source_names(view))
+    ]
+    lines.append(Line("val loss, the mixture", STAGE_COLOR, _series(view.evals, "val_loss"), dashed=True, dots=True))
+    return _chart_section(
+        "val_loss_by_source", "Val loss per source", "loss (cross-entropy)", lines, view, number, "no evaluations yet"
+    )
+
+
 def _metric_section(metric: Metric, view: RunView) -> ChartSection:
     lines = [Line(f"attempt {a.number}", a.color, _series(a.steps, metric.key)) for a in view.attempts]
     return _chart_section(metric.name, metric.title, metric.axis, lines, view, metric.fmt, metric.missing)
@@ -255,6 +308,161 @@ def _metric_section(metric: Metric, view: RunView) -> ChartSection:
 def _metrics(view: RunView) -> tuple[Metric, ...]:
     moe = any("moe_load_max_over_mean" in r for r in view.steps)
     return METRICS + MOE_METRICS if moe else METRICS
+
+
+# ---------------------------------------------------------------- the schedule, over consumed tokens
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    rows: list[list[str]]  # one per stage
+    charts: list[ChartSection]
+
+
+def _tokens_label(value: float, _digits: int = 0) -> str:
+    """A token count on an axis: 512, 2.5 k, 1.024 M."""
+    for divisor, suffix in SI_SUFFIXES:
+        if abs(value) >= divisor:
+            return f"{value / divisor:.4g} {suffix}"
+    return f"{value:.4g}"
+
+
+def _whole(value: float, digits: int) -> str:
+    return f"{value:,.0f}" if value == int(value) else number(value, digits)
+
+
+def _stage_start(stage: dict) -> float:
+    return _finite(stage.get("start_tokens")) or 0.0
+
+
+def _tokens_drawn(view: RunView) -> float:
+    """The x axis' end: the tokens consumed by the last logged step (at least past the last stage's start)."""
+    logged = [v for r in view.steps if (v := _finite(r.get("tokens"))) is not None]
+    started = [_stage_start(s) + (_finite(s.get("global_batch_tokens")) or 0.0) for s in view.stages]
+    return max([*logged, *started, 1.0])
+
+
+def _stage_series(view: RunView, value: Callable[[dict], object], end: float) -> list[tuple[float, float]]:
+    """A step function: each stage's value from its start to the next stage's (the last one's: to `end`)."""
+    points = []
+    for stage, after in zip(view.stages, [*view.stages[1:], None], strict=True):
+        if (v := _finite(value(stage))) is not None:
+            points += [(_stage_start(stage), v), (_stage_start(after) if after else end, v)]
+    return points
+
+
+def _mixture_weight(source: str) -> Callable[[dict], object]:
+    return lambda stage: (stage.get("mixture") or {}).get(source, 0.0)  # a source a stage leaves out: 0
+
+
+def _token_series(records: list[dict], key: str) -> list[tuple[float, float]]:
+    """`key` of each step at the tokens consumed before it (records that count tokens only)."""
+    return [
+        (tokens - batch, v)
+        for r in records
+        if (tokens := _finite(r.get("tokens"))) is not None
+        and (batch := _finite(r.get("global_batch_tokens"))) is not None
+        and (v := _finite(r.get(key))) is not None
+    ]
+
+
+def _stage_markers(view: RunView) -> list[Marker]:
+    return [
+        Marker(
+            _stage_start(s),
+            "stage",
+            f"stage {s['stage']} ({s.get('name', '')}) from {_stage_start(s):,.0f} tokens consumed, "
+            f"step {s.get('first_step', '?')}",
+            STAGE_COLOR,
+            {"data-stage": s["stage"], "data-tokens": int(_stage_start(s))},
+            label=str(s.get("name", s["stage"])),
+            dashed=True,
+        )
+        for s in view.stages
+    ]
+
+
+def _token_section(
+    name: str, title: str, axis: str, lines: list[Line], view: RunView, fmt: Callable[[float, int], str]
+) -> ChartSection:
+    """The lines over consumed tokens, each stage's start marked."""
+    lines = [line for line in lines if line.points]
+    if not lines:
+        return ChartSection(name, title, None, [], "no values logged")
+    x_max = _tokens_drawn(view)
+    chart = line_chart(
+        lines,
+        frame=FRAME,
+        x_range=(0, x_max),
+        x_ticks=[(t, _tokens_label(t)) for t in nice_ticks(0, x_max)],
+        y_format=fmt,
+        x_title="tokens consumed",
+        y_title=axis,
+        label=f"{title} over consumed tokens",
+        name=name,
+        markers=_stage_markers(view),
+        max_points=MAX_POINTS,
+        y_pad=0.06,
+    )
+    return ChartSection(name, title, chart, [*_legend(lines), LegendItem("stage starts", STAGE_COLOR, "dashed")], "")
+
+
+def _schedule(view: RunView) -> ScheduleView | None:
+    """The Schedule section: for a run of more than one stage (every run records its one stage: a run
+    without a schedule would only draw flat lines)."""
+    if len(view.stages) < 2:
+        return None
+    end = _tokens_drawn(view)
+    mixture = [
+        Line(source, _source_color(index), _stage_series(view, _mixture_weight(source), end))
+        for index, source in enumerate(_source_names(view))
+    ]
+    learning_rate = [Line(f"attempt {a.number}", a.color, _token_series(a.steps, "lr")) for a in view.attempts]
+    charts = [
+        _token_section(
+            "schedule_batch",
+            "Global batch",
+            "tokens per step",
+            [Line("global batch", SETTING_COLOR, _stage_series(view, lambda s: s.get("global_batch_tokens"), end))],
+            view,
+            _tokens_label,
+        ),
+        _token_section(
+            "schedule_seq_len",
+            "Sequence length",
+            "tokens per sequence",
+            [Line("sequence length", SETTING_COLOR, _stage_series(view, lambda s: s.get("seq_len"), end))],
+            view,
+            _whole,
+        ),
+        _token_section(
+            "schedule_mixture", "Data mixture", "weight (share of sequences)", mixture, view, lambda v, _d: percent(v)
+        ),
+        _token_section("schedule_lr", "Learning rate over tokens", "learning rate", learning_rate, view, number),
+    ]
+    return ScheduleView([_stage_row(s) for s in view.stages], charts)
+
+
+def _stage_row(stage: dict) -> list[str]:
+    def count(key: str) -> str:
+        value = stage.get(key)
+        return f"{value:,}" if isinstance(value, int) else ""
+
+    mixture = stage.get("mixture") or {}
+    theta, scaling = stage.get("rope_theta"), stage.get("rope_scaling")
+    return [
+        count("stage"),
+        str(stage.get("name", "")),
+        count("first_step"),
+        count("start_tokens"),
+        count("seq_len"),
+        f"{count('global_batch_tokens')} ({count('global_batch_sequences')} sequences)",
+        count("micro_batches"),
+        ", ".join(f"{source} {percent(weight)}" for source, weight in mixture.items()),
+        "the model's" if theta is None else _whole(t, 4) if (t := _finite(theta)) is not None else str(theta),
+        "the model's" if not scaling else ", ".join(f"{k}={v}" for k, v in scaling.items()),
+        "on" if stage.get("document_masking") else "off",
+    ]
 
 
 def _clock(timestamp) -> str:
@@ -342,7 +550,12 @@ def render_report(records: list[dict], *, title: str = "lmforge training report"
         facts=_facts(config),
         stats=_stats(view),
         attempts=_attempt_rows(view),
-        sections=[_loss_section(view), *(_metric_section(metric, view) for metric in _metrics(view))],
+        sections=[
+            _loss_section(view),
+            *filter(None, [_val_loss_by_source_section(view)]),
+            *(_metric_section(metric, view) for metric in _metrics(view)),
+        ],
+        schedule=_schedule(view),
         drawn_at=_clock(time.time()),
     )
 

@@ -30,8 +30,9 @@ corpus is next to the node's cache (MosaicML Streaming's block shuffle and canon
 - *Mixtures*: a stream's draws go in chunks of K = `mixture_chunk`; chunk k gives source i
   C_i(k+1) − C_i(k) draws, C_i(k) being the largest-remainder share of k·K draws at the weights
   (so at every chunk's end a source is within one sequence of its weight × draws, and a chunk
-  holds exactly its quota), at positions of the chunk set by a keyed permutation: a draw's
-  source and its index among the source's draws in that stream are O(1) to compute. Each
+  holds exactly its quota), at positions of the chunk set by a keyed permutation, a source's
+  draws in a chunk in order (so any prefix of a stream's draws takes a prefix of each source's):
+  a chunk's layout costs O(K) once, a draw's source and index then O(1). Each
   source goes through its own epochs (a small one faster), its streams at one pace (their
   shares differ by one sequence at most).
 
@@ -49,19 +50,21 @@ it suits corpora the cache holds, and it is the benchmark's baseline.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import hashlib
 import math
 import threading
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from lmforge.common.errors import ConfigError
 from lmforge.trainer.data import SampleRef
+
+if TYPE_CHECKING:
+    from lmforge.trainer.schedule import TrainingPlan
 
 EPOCHS_KEPT = 4  # unit orders kept per source (a source's streams are at most an epoch apart)
 
@@ -85,7 +88,7 @@ class Source(Protocol):
     @property
     def token_bytes(self) -> int: ...
 
-    def sequence(self, index: int) -> np.ndarray: ...
+    def sequence(self, index: int, offset: int = 0, length: int = 0) -> np.ndarray: ...
 
 
 def _hash64(*parts: int | str) -> int:
@@ -163,16 +166,21 @@ class Sampler:
     def batch(self, index: int, rank: int, world_size: int, per_rank: int) -> tuple[np.ndarray, list[SampleRef]]:
         """(per_rank, seq_len + 1) int64 tokens of `rank`'s batch number `index`, and what they are."""
         refs = self.batch_refs(index, rank, world_size, per_rank)
-        tokens = np.stack([self.sources[r.source].sequence(r.sequence) for r in refs])
+        tokens = np.stack([r.read(self.sources) for r in refs])
         return tokens, refs
 
 
 class GlobalSampler(Sampler):
     """The uniform shuffle over the whole corpus (`data.shuffle: global`; module docstring)."""
 
-    def __init__(self, sources: Sequence[Source], weights: Sequence[float], seed: int):
+    def __init__(self, sources: Sequence[Source], weights: Sequence[float], seed: int,
+                 plan: TrainingPlan | None = None):
         super().__init__(sources, weights, seed)
-        self._cumulative = np.cumsum(self.weights)
+        if plan is not None and plan.seq_lens[0] != plan.seq_lens[1]:
+            raise ConfigError("schedule: a sequence-length curriculum needs data.shuffle: blocks")
+        self.plan = plan
+        stage_weights = [stage.mixture for stage in plan.stages] if plan else [tuple(weights)]
+        self._cumulative = [np.cumsum(np.asarray(w) / sum(w)) for w in stage_weights]
         self._perms: dict[tuple[int, int], KeyedPermutation] = {}
 
     def _permutation(self, source: int, epoch: int) -> KeyedPermutation:
@@ -185,40 +193,58 @@ class GlobalSampler(Sampler):
             self._perms[key] = permutation
         return permutation
 
-    def sample(self, q: int) -> SampleRef:
+    def sample(self, q: int, stage: int = 0) -> SampleRef:
         if len(self.sources) == 1:
             source = 0
         else:
             u = _hash64(self.seed, "mix", q) / 2**64
-            source = min(int(np.searchsorted(self._cumulative, u, side="right")), len(self.sources) - 1)
+            source = min(int(np.searchsorted(self._cumulative[stage], u, side="right")), len(self.sources) - 1)
         n = self.sources[source].num_sequences
         epoch, offset = divmod(q, n)
         return SampleRef(source, self._permutation(source, epoch)(offset), epoch)
 
     def batch_refs(self, index: int, rank: int, world_size: int, per_rank: int) -> list[SampleRef]:
-        first = (index * world_size + rank) * per_rank
-        return [self.sample(q) for q in range(first, first + per_rank)]
+        if self.plan is None:
+            first, stage = (index * world_size + rank) * per_rank, 0
+        else:  # sample q of the run: the sequences of the steps before, then micro-batch by micro-batch
+            step, micro = self.plan.locate(index)
+            first = self.plan.sequences_before(step) + (micro * world_size + rank) * per_rank
+            stage = self.plan.stage(step).index
+        return [self.sample(q, stage) for q in range(first, first + per_rank)]
 
 
 class BlockSampler(Sampler):
     """The block-window shuffle with streams and mixture chunks (`data.shuffle: blocks`; module docstring).
-    `grad_accum`: micro-batches per step (batch index i is micro-batch i mod grad_accum of step i // grad_accum)."""
+    `grad_accum`: micro-batches per step (batch index i is micro-batch i mod grad_accum of step i // grad_accum);
+    or a `plan` (lmforge.trainer.schedule.TrainingPlan) whose stages set each step's batch, mixture and sequence
+    length (the sources then hold the longest stage's sequences; see "Schedules" in the module docstring)."""
 
     def __init__(self, sources: Sequence[Source], weights: Sequence[float], seed: int, *, streams: int = 8,
-                 window_blocks: int = 128, unit_blocks: int = 8, mixture_chunk: int = 1024, grad_accum: int = 1):
+                 window_blocks: int = 128, unit_blocks: int = 8, mixture_chunk: int = 1024, grad_accum: int = 1,
+                 plan: TrainingPlan | None = None):
         super().__init__(sources, weights, seed)
         for name, value in (("data.shuffle_streams", streams), ("data.shuffle_window_blocks", window_blocks),
                             ("data.shuffle_unit_blocks", unit_blocks), ("data.shuffle_mixture_chunk", mixture_chunk),
                             ("grad_accum", grad_accum)):
             if value < 1:
                 raise ConfigError(f"{name}: must be 1 or more, not {value}")
-        self.streams, self.grad_accum = streams, grad_accum
+        self.streams, self.grad_accum, self.plan = streams, grad_accum, plan
         self.window_units = max(1, window_blocks // unit_blocks)
         self.orders = [_SourceOrder(source, index, seed, unit_blocks, self.window_units)
                        for index, source in enumerate(self.sources)]
-        self._mixture = _Mixture(weights, mixture_chunk, seed, [s.name for s in self.sources]) \
-            if len(self.sources) > 1 else None
-        self._fewest = min(s.num_sequences for s, w in zip(self.sources, self.weights, strict=True) if w > 0)
+        stage_weights = [stage.mixture for stage in plan.stages] if plan else [tuple(weights)]
+        names = [s.name for s in self.sources]
+        self._mixtures = [_Mixture(w, mixture_chunk, seed, names, stage=k) if len(self.sources) > 1 else None
+                          for k, w in enumerate(stage_weights)]
+        used = [i for i in range(len(self.sources)) if any(w[i] > 0 for w in stage_weights)]
+        self._fewest = min(self.sources[i].num_sequences for i in used)
+        if plan is not None:
+            shortest, longest = plan.seq_lens
+            if any(source.seq_len != longest for source in self.sources):
+                raise ValueError(f"a scheduled sampler reads sequences of the longest stage's {longest} tokens")
+            self._atom, self._atoms_per_sequence = shortest, longest // shortest
+            self._plan_streams = self.stream_count(plan.stream_divisor())
+            self._starts = self._stage_starts()
 
     def stream_count(self, global_batch: int) -> int:
         """S for a global batch of `global_batch` positions: the largest divisor of it that is at most
@@ -227,18 +253,65 @@ class BlockSampler(Sampler):
         return next(s for s in range(most, 0, -1) if global_batch % s == 0)
 
     def batch_refs(self, index: int, rank: int, world_size: int, per_rank: int) -> list[SampleRef]:
-        step, micro = divmod(index, self.grad_accum)
-        size = world_size * self.grad_accum * per_rank
-        streams = self.stream_count(size)
-        width = size // streams
-        first = (rank * self.grad_accum + micro) * per_rank
+        if self.plan is None:
+            step, micro = divmod(index, self.grad_accum)
+            size = world_size * self.grad_accum * per_rank
+            streams = self.stream_count(size)
+            return self._refs(0, step * (size // streams), size // streams, streams,
+                              (rank * self.grad_accum + micro) * per_rank, per_rank)
+        step, micro = self.plan.locate(index)
+        stage, micro_batches = self.plan.stage(step), self.plan.micro_batches(step)
+        if world_size * micro_batches * per_rank != stage.sequences:
+            raise ValueError(f"step {step}: {world_size} ranks x {micro_batches} micro-batches x {per_rank} "
+                             f"sequences is not the stage's global batch of {stage.sequences}")
+        streams = self._plan_streams
+        drawn = (self.plan.sequences_before(step) - stage.sequences_before) // streams
+        return self._refs(stage.index, drawn, stage.sequences // streams, streams,
+                          (rank * micro_batches + micro) * per_rank, per_rank)
+
+    def _refs(self, stage: int, drawn: int, width: int, streams: int, first: int, count: int) -> list[SampleRef]:
+        """The sequences at positions [first, first + count) of a step whose streams have each drawn `drawn`
+        sequences in this stage before it."""
+        mixture = self._mixtures[stage]
         refs = []
-        for position in range(first, first + per_rank):
+        for position in range(first, first + count):
             stream, column = divmod(position, width)
-            draw = step * width + column
-            source, nth = self._mixture.locate(stream, draw) if self._mixture else (0, draw)
-            refs.append(self.orders[source].ref(stream, streams, nth))
+            source, nth = mixture.locate(stream, drawn + column) if mixture else (0, drawn + column)
+            if self.plan is None:
+                refs.append(self.orders[source].ref(stream, streams, nth))
+                continue
+            seq_len = self.plan.stages[stage].seq_len
+            atoms = seq_len // self._atom
+            at = _round_up(self._starts[stage][stream][source], atoms) + nth * atoms
+            sequence, piece = divmod(at, self._atoms_per_sequence)
+            ref = self.orders[source].ref(stream, streams, sequence)
+            if self._atoms_per_sequence > 1:
+                ref = SampleRef(ref.source, ref.sequence, ref.epoch, piece * self._atom, seq_len)
+            refs.append(ref)
         return refs
+
+    def _stage_starts(self) -> list[list[list[int]]]:
+        """[stage][stream][source]: the stream's position in the source's draws, in the shortest stage's
+        sequences ("atoms"), when the stage starts. A stage of a atoms per sequence starts at the next
+        multiple of a, so a longer stage skips the rest of a sequence it cannot use whole (fewer than a
+        atoms per stream and source, at each change to a longer sequence)."""
+        stages, streams = self.plan.stages, self._plan_streams
+        starts = [[[0] * len(self.sources) for _ in range(streams)]]
+        for previous, stage in zip(stages, stages[1:], strict=False):
+            draws = (stage.sequences_before - previous.sequences_before) // streams
+            atoms = previous.seq_len // self._atom
+            mixture = self._mixtures[previous.index]
+            row = []
+            for stream in range(streams):
+                counts = mixture.counts(stream, draws) if mixture else [draws]
+                row.append([_round_up(at, atoms) + n * atoms
+                            for at, n in zip(starts[-1][stream], counts, strict=True)])
+            starts.append(row)
+        return starts
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 class _SourceOrder:
@@ -292,7 +365,8 @@ class _SourceOrder:
 class _Mixture:
     """Which source each draw of a stream takes, and its index among that source's draws there."""
 
-    def __init__(self, weights: Sequence[float], chunk: int, seed: int, names: Sequence[str]):
+    def __init__(self, weights: Sequence[float], chunk: int, seed: int, names: Sequence[str], stage: int = 0):
+        self.stage = stage  # a schedule's stage (lmforge.trainer.schedule): each its own chunk permutations
         exact = [Fraction(repr(float(w))) for w in weights]  # the decimal the config wrote, exactly
         total = sum(exact)
         self.shares = tuple(w / total for w in exact)
@@ -305,13 +379,37 @@ class _Mixture:
 
     def locate(self, stream: int, draw: int) -> tuple[int, int]:
         chunk, slot = divmod(draw, self.chunk)
+        sources, ranks = self._chunk(stream, chunk)
+        source = int(sources[slot])
+        return source, _apportion(self.shares, chunk * self.chunk)[source] + int(ranks[slot])
+
+    def counts(self, stream: int, draws: int) -> list[int]:
+        """How many of the stream's first `draws` draws each source takes."""
+        chunk, rest = divmod(draws, self.chunk)
+        counts = list(_apportion(self.shares, chunk * self.chunk))
+        if rest:
+            sources, _ = self._chunk(stream, chunk)
+            for source, n in zip(*np.unique(sources[:rest], return_counts=True), strict=True):
+                counts[int(source)] += int(n)
+        return counts
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (a few chunks per stream in use at once; the sampler lives long)
+    def _chunk(self, stream: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk's source by slot (its quota of each, at keyed places) and each slot's rank among its
+        source's slots: a source's draws in a chunk come in order, so any prefix of the stream's draws takes
+        a prefix of each source's (a stage change continues from there)."""
         before, after = _apportion(self.shares, chunk * self.chunk), _apportion(self.shares, (chunk + 1) * self.chunk)
-        offsets = [0]
-        for lo, hi in zip(before, after, strict=True):
-            offsets.append(offsets[-1] + hi - lo)
-        place = KeyedPermutation(self.chunk, _hash64(self.seed, "mix", stream, chunk))(slot)
-        source = bisect.bisect_right(offsets, place) - 1
-        return source, before[source] + place - offsets[source]
+        offsets = np.cumsum([0, *(hi - lo for lo, hi in zip(before, after, strict=True))])
+        key = _hash64(self.seed, "mix", stream, chunk) if self.stage == 0 else \
+            _hash64(self.seed, "mix", self.stage, stream, chunk)
+        permutation = KeyedPermutation(self.chunk, key)
+        places = np.array([permutation(slot) for slot in range(self.chunk)])
+        sources = np.searchsorted(offsets, places, side="right") - 1
+        ranks = np.zeros(self.chunk, dtype=np.int64)
+        for source in range(len(self.shares)):
+            mine = sources == source
+            ranks[mine] = np.arange(int(mine.sum()))
+        return sources, ranks
 
 
 @functools.lru_cache(maxsize=1024)

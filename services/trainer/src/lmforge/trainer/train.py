@@ -23,10 +23,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lmforge.common.errors import LmforgeError
+from lmforge.common.errors import ConfigError, LmforgeError
 from lmforge.common.store import scheme_of
 from lmforge.model.config import GPTConfig
+from lmforge.model.document_mask import document_ids
 from lmforge.model.moe import update_router_biases
+from lmforge.model.rope import set_rope
 from lmforge.model.transformer import GPT, flops_per_token, parameter_counts
 from lmforge.trainer import faults
 from lmforge.trainer.block_cache import BlockCache
@@ -53,6 +55,7 @@ from lmforge.trainer.preflight import run_preflight
 from lmforge.trainer.profiling import StepProfiler
 from lmforge.trainer.run_log import RunLog
 from lmforge.trainer.sampling import BlockSampler, GlobalSampler, Sampler
+from lmforge.trainer.schedule import Stage, TrainingPlan, resolve_stages, source_names
 from lmforge.trainer.tensor_parallel import loss_context, replicated_value
 
 # What the prefetcher yields: (batch index, tokens, where each sequence came from, seconds waited).
@@ -61,6 +64,13 @@ Batches = Iterator[tuple[int, torch.Tensor, list[SampleRef], float]]
 
 class NonFiniteLossError(LmforgeError):
     exit_code = 5
+
+
+class StageNeedsAnotherLayout(LmforgeError):
+    """The schedule's next stage does not run on this layout: the run checkpointed the step before it and
+    stopped, to be resumed on the stage's layout."""
+
+    exit_code = 8
 
 
 @dataclass(frozen=True)
@@ -80,36 +90,44 @@ def node_cache(config: TrainConfig) -> BlockCache | None:
     return BlockCache(Path(config.data.cache_dir or Path(config.run_dir) / "data-cache"), config.data.cache_bytes)
 
 
-def build_sampler(config: TrainConfig, split: str = "train", cache: BlockCache | None = None) -> Sampler:
+def build_sampler(config: TrainConfig, split: str = "train", cache: BlockCache | None = None, *,
+                  plan: TrainingPlan | None = None, seq_len: int | None = None,
+                  weights: list[float] | None = None, verify_sha256: bool | None = None) -> Sampler:
+    """The training sampler (with `plan`: its stages' batches, mixtures and sequence lengths; the sources
+    then hold the longest stage's sequences), or an evaluation sampler of seq_len-token sequences at
+    `weights` (default: data.sources' weights) whose batch index is its step."""
     data = config.data
-    sources = open_sources([s.path for s in data.sources], [Path(s.path.rstrip("/")).name for s in data.sources],
-                           split, data.seq_len, cache=cache, verify_sha256=data.verify_sha256)
-    weights = [s.weight for s in data.sources]
+    seq_len = plan.seq_lens[1] if plan is not None else seq_len or data.seq_len
+    sources = open_sources([s.path for s in data.sources], source_names(config), split, seq_len, cache=cache,
+                           verify_sha256=data.verify_sha256 if verify_sha256 is None else verify_sha256)
+    weights = weights or [s.weight for s in data.sources]
     if data.shuffle == "global":
-        return GlobalSampler(sources, weights, config.seed)
+        return GlobalSampler(sources, weights, config.seed, plan=plan)
     return BlockSampler(sources, weights, config.seed, streams=data.shuffle_streams,
                         window_blocks=data.shuffle_window_blocks, unit_blocks=data.shuffle_unit_blocks,
-                        mixture_chunk=data.shuffle_mixture_chunk,
-                        grad_accum=config.grad_accum if split == "train" else 1)  # an eval batch is one micro-step
+                        mixture_chunk=data.shuffle_mixture_chunk, plan=plan)
 
 
 @torch.no_grad()
-def evaluate(model, sampler: Sampler, config: TrainConfig, ctx: Dist) -> float:
-    """Mean loss over the same eval_batches val batches every time (all ranks)."""
+def evaluate(model, sampler: Sampler, config: TrainConfig, ctx: Dist, stage: Stage, eot_id: int | None) -> float:
+    """Mean loss over the same eval_batches val batches every time (all ranks), at the stage's batch
+    shape and attention (the sampler's sequences are the stage's)."""
     model.eval()
     total = torch.zeros((), device=ctx.device)
-    batch_size = config.data.batch_size * pipeline_microbatches(ctx.layout)
+    batch_size = stage.batch_size * pipeline_microbatches(ctx.layout)
     for index in range(config.eval_batches):
         tokens, _ = read_batch(sampler, index, ctx.dp_rank, ctx.dp_size, batch_size)
         batch = torch.from_numpy(tokens).to(ctx.device)
+        documents = document_ids(batch[:, :-1], eot_id) if stage.document_masking else None
         with autocast_context(config.parallel, ctx), loss_context(ctx.layout.tp):
             if isinstance(model, PipelineModel):
-                loss = model.eval_loss(batch)
+                loss = model.eval_loss(batch, documents=documents)
             elif ctx.cp_group is not None:  # this rank's shard of the sequences; the cp group's mean loss
-                _, _, loss = context_parallel_forward(model, batch[:, :-1], batch[:, 1:], ctx.cp_group)
+                _, _, loss = context_parallel_forward(model, batch[:, :-1], batch[:, 1:], ctx.cp_group,
+                                                      documents=documents)
                 loss = replicated_value(loss)
             else:
-                _, loss = model(batch[:, :-1], batch[:, 1:])
+                _, loss = model(batch[:, :-1], batch[:, 1:], documents=documents)
                 loss = replicated_value(loss)
         total += loss.float() / config.eval_batches
     model.train()
@@ -136,10 +154,13 @@ def train(config: TrainConfig) -> list[float]:
         if config.preflight.enabled:
             run_preflight(ctx, config.preflight, timedelta(seconds=config.parallel.timeout_seconds))
         cache = node_cache(config)
-        sampler = build_sampler(config, cache=cache)  # bad data fails here, before the run directory is touched
+        plan = TrainingPlan.of(config, ctx.dp_size, pipeline_microbatches(ctx.layout), ctx.layout.axes())
+        # bad data fails here, before the run directory is touched
+        sampler = build_sampler(config, cache=cache, plan=plan)
+        refuse_masking_without_eot(plan, sampler)
         run, failed = RunLog(config, ctx), True
         try:
-            losses = Trainer(config, ctx, run, cache, sampler).train()
+            losses = Trainer(config, ctx, run, cache, sampler, plan).train()
             failed = False
             return losses
         finally:
@@ -162,11 +183,19 @@ def refuse_unsplittable_model(config: TrainConfig) -> None:
 
 def refuse_unrunnable_layout(layout: MeshLayout, model: ModelDims | None, config: TrainConfig, world_size: int) -> None:
     """ConfigError (one line, naming the axis) for the rulebook's first problem with this layout, model
-    (None: not known yet) and run."""
+    (None: not known yet) and run, at every sequence length of its schedule."""
     parallel = config.parallel
-    refuse(layout_problems(layout, model, config.data.seq_len, world_size, pp_schedule=parallel.pp_schedule,
-                           pp_virtual_stages=parallel.pp_virtual_stages, compiled=parallel.compile,
-                           float8=config.float8.enabled))
+    for seq_len in sorted({stage.seq_len for stage in resolve_stages(config)}):
+        refuse(layout_problems(layout, model, seq_len, world_size, pp_schedule=parallel.pp_schedule,
+                               pp_virtual_stages=parallel.pp_virtual_stages, compiled=parallel.compile,
+                               float8=config.float8.enabled))
+
+
+def refuse_masking_without_eot(plan: TrainingPlan, sampler: Sampler) -> None:
+    masked = [stage.name for stage in plan.stages if stage.document_masking]
+    if masked and sampler.sources[0].eot_id is None:
+        raise ConfigError(f"document masking ({', '.join(masked)}): the data's manifest names no end-of-text "
+                          "token (tokenizer.eot_id), so documents cannot be told apart")
 
 
 class Trainer:
@@ -174,8 +203,10 @@ class Trainer:
     runs the steps from there to config.steps."""
 
     def __init__(self, config: TrainConfig, ctx: Dist, run: RunLog, cache: BlockCache | None,
-                 sampler: Sampler):
-        self.config, self.ctx, self.run, self.sampler = config, ctx, run, sampler
+                 sampler: Sampler, plan: TrainingPlan):
+        self.config, self.ctx, self.run, self.sampler, self.plan = config, ctx, run, sampler, plan
+        self.cache, self.eot_id = cache, sampler.sources[0].eot_id
+        self.source_names = source_names(config)
         source = sampler.sources[0]
         self.initial_state = None  # model.init_from's weights, copied in before parallelize
         if config.model.init_from:
@@ -189,9 +220,7 @@ class Trainer:
         )
         self.model, self.optimizer = self._build_model(model_config)
 
-        self.tokens_per_step = (config.data.batch_size * self.microbatches * config.data.seq_len * config.grad_accum
-                                * ctx.dp_size)
-        self.flops_per_step = flops_per_token(model_config, config.data.seq_len) * self.tokens_per_step
+        self.model_config = model_config
         self.peak_flops = device_peak_flops(ctx.device, config.metrics.peak_flops)
 
         # imported here, not at the top: DCP's import (DTensor, ~0.5 s of CPU) is start-up that a rank refusing
@@ -213,7 +242,8 @@ class Trainer:
             purge_requires_upload=config.checkpoint.purge_requires_upload,
         )
         self.first_step, self.best_val = self._resume()
-        self.val_sampler = build_sampler(config, "val", cache) if config.eval_every else None
+        self.stage: Stage | None = None  # entered at the first step (train_step)
+        self.val_samplers: dict[int, list[Sampler]] = {}  # by seq_len: the mixture's, then each source's
 
         self.mixture: Counter[int] = Counter()  # sequences drawn per source, this attempt
         self.nonfinite_in_a_row = 0
@@ -235,7 +265,7 @@ class Trainer:
         # An MoE's token uses top_k of the E experts: its active parameters, beside the total.
         active = {"active_params": parameter_counts(model_config)[1]} if model_config.moe is not None else {}
         if ctx.layout.pp > 1:  # split first, then the other axes per chunk (torchtitan's order)
-            model = build_pipeline_model(model, self.config.parallel, ctx, self.config.grad_accum,
+            model = build_pipeline_model(model, self.config.parallel, ctx, self.plan.micro_batches(0),
                                          float8=self.config.float8)
         else:
             model = parallelize(model, self.config.parallel, ctx, float8=self.config.float8)
@@ -295,7 +325,8 @@ class Trainer:
         return losses
 
     def _prefetcher(self) -> Prefetcher:
-        """Micro-batches from the first step's on: batch index = step * grad_accum + micro-batch."""
+        """Micro-batches from the first step's on, by batch index (the plan's: the micro-batches of the steps
+        before, plus the micro-batch)."""
         config, ctx = self.config, self.ctx
         delay, slow_loader = faults.data_delay(ctx.rank), threading.Lock()
 
@@ -303,23 +334,30 @@ class Trainer:
             if delay:
                 with slow_loader:  # one slow loader: batches loading at once do not share the delay
                     time.sleep(delay)
-            return read_batch(self.sampler, index, ctx.dp_rank, ctx.dp_size, config.data.batch_size * self.microbatches)
+            step, _ = self.plan.locate(index)
+            return read_batch(self.sampler, index, ctx.dp_rank, ctx.dp_size, self.plan.per_rank(step))
 
-        indices = range(self.first_step * config.grad_accum, config.steps * config.grad_accum)
+        indices = range(self.plan.batch_index(self.first_step), self.plan.batch_index(config.steps))
         return Prefetcher(batch_fn, indices, depth=config.data.prefetch, pin_memory=ctx.device.type == "cuda")
 
     def train_step(self, step: int, batches: Batches) -> StepResult | None:
-        """One optimizer step over the next config.grad_accum micro-batches: forward/backward,
+        """One optimizer step over the next micro-batches (the plan's for the step): forward/backward,
         clip, step. None when the loss or gradient norm is not finite: the step is skipped."""
-        lr = learning_rate(step, self.config.steps, self.config.optim)
+        stage = self.plan.stage(step)
+        if stage is not self.stage:
+            if (problem := self.plan.layout_problem(stage)) is not None:
+                self._stop_before(stage, step, problem)
+            self._enter_stage(stage, step)
+        lr = learning_rate(step, self.plan, self.config.optim)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         data_wait = 0.0
         step_loss = torch.zeros((), device=self.ctx.device)
-        for micro in range(self.config.grad_accum):
+        micro_batches = self.plan.micro_batches(step)
+        for micro in range(micro_batches):
             batch, waited = self._next_batch(batches)
             data_wait += waited
-            step_loss += self.forward_backward(batch, last=micro == self.config.grad_accum - 1)
+            step_loss += self.forward_backward(batch, last=micro == micro_batches - 1, micro_batches=micro_batches)
         if self.ctx.experts is not None:  # the expert gradients are reduced here, not by FSDP
             norm = reduce_expert_gradients_then_clip(self.model, self.ctx.experts, self.config.optim.grad_clip)
         elif isinstance(self.model, PipelineModel):  # the norm over every stage's parameters
@@ -359,23 +397,49 @@ class Trainer:
         self.mixture.update(ref.source for ref in refs)
         return batch.to(self.ctx.device, non_blocking=True), waited
 
-    def forward_backward(self, batch: torch.Tensor, *, last: bool) -> torch.Tensor:
-        """One micro-batch's gradients, accumulated; returns its loss share (loss / grad_accum, detached).
+    def forward_backward(self, batch: torch.Tensor, *, last: bool, micro_batches: int) -> torch.Tensor:
+        """One micro-batch's gradients, accumulated; returns its loss share (loss / micro_batches, detached).
         Under DDP the gradients are all-reduced on the step's last micro-batch only; a pipeline runs
-        its schedule over the batch's pipeline micro-batches."""
+        its schedule over the batch's pipeline micro-batches. With the stage's document masking a token
+        attends only within its document."""
+        documents = document_ids(batch[:, :-1], self.eot_id) if self.stage.document_masking else None
         if isinstance(self.model, PipelineModel):
             with autocast_context(self.config.parallel, self.ctx), loss_context(self.ctx.layout.tp):
-                return self.model.train_step(batch) / self.config.grad_accum
+                return self.model.train_step(batch, documents=documents) / micro_batches
         sync = nullcontext() if last or self.ctx.layout.mode != "ddp" else self.model.no_sync()
         with sync, autocast_context(self.config.parallel, self.ctx), loss_context(self.ctx.layout.tp):
             if self.ctx.cp_group is not None:
                 # FSDP's reduce-scatter averages over dp_shard × cp: scaled by cp, the cp ranks' shares add up
-                _, share, loss = context_parallel_forward(self.model, batch[:, :-1], batch[:, 1:], self.ctx.cp_group)
-                (share * (self.ctx.layout.cp / self.config.grad_accum)).backward()
+                _, share, loss = context_parallel_forward(self.model, batch[:, :-1], batch[:, 1:], self.ctx.cp_group,
+                                                          documents=documents)
+                (share * (self.ctx.layout.cp / micro_batches)).backward()
             else:
-                _, loss = self.model(batch[:, :-1], batch[:, 1:])
-                (loss / self.config.grad_accum).backward()
-        return replicated_value(loss.detach()) / self.config.grad_accum
+                _, loss = self.model(batch[:, :-1], batch[:, 1:], documents=documents)
+                (loss / micro_batches).backward()
+        return replicated_value(loss.detach()) / micro_batches
+
+    def _stop_before(self, stage: Stage, step: int, problem: str) -> None:
+        """A stage this layout does not run: at the run's start a config error; later the step before it
+        is checkpointed (committed) and the run stops, to resume on the stage's layout."""
+        if self.stage is None:
+            raise ConfigError(f"{problem}; run the stage on its own layout")
+        self.checkpointer.wait()
+        if self.checkpointer.last_committed_step != step - 1:
+            self.checkpointer.save(step - 1, self.model, self.optimizer, self.checkpoint_meta)
+        self.checkpointer.close()
+        self.run.checkpoint_committed(self.checkpointer.last_committed_step)
+        raise StageNeedsAnotherLayout(f"stopped before step {step}: {problem}; resume the run on the stage's layout "
+                                      f"(steps up to {step - 1} are checkpointed)")
+
+    def _enter_stage(self, stage: Stage, step: int) -> None:
+        """The stage's RoPE and, in a pipeline, its micro-batch count; recorded (rank 0) as a `stage` record."""
+        micro_batches = self.plan.micro_batches(step)
+        if isinstance(self.model, PipelineModel) and (self.stage or micro_batches != self.model.pipeline.grad_accum):
+            self.model.set_grad_accum(micro_batches)  # (the pipeline was built for the first stage)
+        self.stage = stage
+        rope = set_rope(self.model, self.model_config, stage.rope_theta, stage.rope_scaling)
+        self.checkpoint_meta["model_config"] = rope.model_dump(mode="json")  # an export takes the stage's RoPE
+        self.run.record("stage", {"step": step, **stage.describe(self.source_names), "micro_batches": micro_batches})
 
     def _skip_nonfinite(self, step: int, loss: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -399,16 +463,22 @@ class Trainer:
         totals = [sum(r[3 + i] for r in per_rank) for i in range(len(sources))]
         first_moe = 3 + len(sources)
         moe_means = {f"moe_{key}": sum(r[first_moe + i] for r in per_rank) / len(per_rank) for i, key in enumerate(moe)}
-        flops_per_second = self.flops_per_step / step_seconds
+        stage = self.plan.stage(step)
+        tokens_per_step = stage.global_batch_tokens
+        flops_per_second = flops_per_token(self.model_config, stage.seq_len) * tokens_per_step / step_seconds
         record = {
             "step": step,
             "timestamp": time.time(),
             "loss": result.loss,
             "grad_norm": result.grad_norm,
             "lr": result.lr,
+            "stage": stage.index,
+            "seq_len": stage.seq_len,
+            "global_batch_tokens": tokens_per_step,
+            "tokens": self.plan.tokens_after(step),  # consumed by the end of this step
             "step_seconds": step_seconds,
             "data_wait_seconds": result.data_wait,
-            "tokens_per_second": self.tokens_per_step / step_seconds,
+            "tokens_per_second": tokens_per_step / step_seconds,
             "flops_per_second": flops_per_second,
             "mfu": flops_per_second / ctx.world_size / self.peak_flops if self.peak_flops else None,
             **self.pipeline_bubble,
@@ -424,9 +494,12 @@ class Trainer:
         """The val loss when an eval is due after `step` (every eval_every steps, and the last),
         and whether it is the best so far; (None, False) otherwise."""
         last = step == self.config.steps - 1
-        if self.val_sampler is None or not ((step + 1) % self.config.eval_every == 0 or last):
+        if not self.config.eval_every or not ((step + 1) % self.config.eval_every == 0 or last):
             return None, False
-        val_loss = evaluate(self.model, self.val_sampler, self.config, self.ctx)
+        mixture, *by_source = self._val_samplers(self.stage.seq_len)
+        val_loss = evaluate(self.model, mixture, self.config, self.ctx, self.stage, self.eot_id)
+        source_losses = {name: evaluate(self.model, sampler, self.config, self.ctx, self.stage, self.eot_id)
+                         for name, sampler in zip(self.source_names if by_source else [], by_source, strict=True)}
         improved, self.best_val = val_loss < self.best_val, min(self.best_val, val_loss)
         self.run.record(
             "eval",
@@ -435,11 +508,25 @@ class Trainer:
                 "val_loss": val_loss,
                 "val_perplexity": math.exp(min(val_loss, 50.0)),
                 "best_val_loss": self.best_val,
+                "seq_len": self.stage.seq_len,
+                **({"val_loss_by_source": source_losses} if source_losses else {}),
             },
         )
         if self.run.prometheus:
-            self.run.prometheus.val_loss.set(val_loss)
+            self.run.prometheus.observe_eval(val_loss, source_losses)
         return val_loss, improved
+
+    def _val_samplers(self, seq_len: int) -> list[Sampler]:
+        """The val split at seq_len: the data.sources mixture's sampler, then (with several sources) one per
+        source. The val shards are hashed the first time only."""
+        if seq_len not in self.val_samplers:
+            verify = None if not self.val_samplers else False
+            sources = len(self.config.data.sources)
+            weights = [[1.0 if i == j else 0.0 for j in range(sources)] for i in range(sources)] if sources > 1 else []
+            self.val_samplers[seq_len] = [
+                build_sampler(self.config, "val", self.cache, seq_len=seq_len, weights=w, verify_sha256=verify)
+                for w in [None, *weights]]
+        return self.val_samplers[seq_len]
 
     def _checkpoint(self, step: int, val_loss: float | None, improved: bool) -> None:
         """Starts a save when one is due (the last step, every checkpoint.every steps, a new best

@@ -81,7 +81,21 @@ def torchrun_command(train: TrainSection, data_dir: Path, run_dir: Path, metrics
             f"model.preset={train.preset}", f"parallel.mode={'fsdp' if train.nproc > 1 else 'none'}",
             f"steps={train.steps}", f"data.seq_len={train.seq_len}", f"data.batch_size={train.batch_size}",
             f"checkpoint.every={train.checkpoint_every}", f"eval_every={train.eval_every}", "log_every=1",
-            f"run_dir={run_dir}", f"metrics.port={metrics_port}", "device=cpu"]
+            f"run_dir={run_dir}", f"metrics.port={metrics_port}", "device=cpu", *recipe_overrides(train)]
+
+
+def recipe_overrides(train: TrainSection) -> list[str]:
+    """The trainer settings of train.recipe: none for `plain`; for `curriculum`, a schedule (lmforge.trainer.
+    schedule) whose stages fall on whole steps of the demo's global batch."""
+    if train.recipe == "plain":
+        return []
+    batch_tokens = train.nproc * train.batch_size * train.seq_len
+    long_from, anneal_from = train.steps // 2, train.steps - train.steps // 5  # WSD decays the last 20%
+    return [f"schedule=[{{name: short, global_batch_tokens: {batch_tokens}}}, "
+            f"{{name: long, start_tokens: {long_from * batch_tokens}, seq_len: {2 * train.seq_len}, "
+            "rope_theta: 40000, document_masking: true}, "
+            f"{{name: anneal, start_tokens: {anneal_from * batch_tokens}}}]",
+            "optim.schedule=wsd", "optim.decay_fraction=0.2"]
 
 
 def uploader_command(checkpoints: Path, destination: str, metrics_port: int, exit_when_done: bool) -> list[str]:

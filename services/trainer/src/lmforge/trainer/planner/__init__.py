@@ -20,6 +20,8 @@ One job per module:
              start check), their evaluation and the recommendation
   render     the plan as a table, as JSON, and as the chart's training values
   command    the `plan` subcommand's arguments and handler
+  schedule_plan   `plan --schedule`: the trainer's schedule resolved and placed, a search per stage
+  schedule_render a schedule's plan as a table, as JSON, and as the chart's values for the whole run
 
 docs/planning.md shows a 70B plan and where each figure comes from.
 """

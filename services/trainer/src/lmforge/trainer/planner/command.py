@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batch = model.add_mutually_exclusive_group()
     batch.add_argument("--global-batch-tokens", type=float, help=f"default {DEFAULT_GLOBAL_BATCH_TOKENS:,}")
     batch.add_argument("--global-batch-sequences", type=int)
+    model.add_argument(
+        "--schedule",
+        metavar="FILE",
+        help="plan each stage of a schedule: a YAML list of stages, or a trainer config holding `schedule:` (the "
+        "trainer's format); the run's length is --tokens, else the file's steps (docs/planning.md)",
+    )
 
     hardware = parser.add_argument_group("cluster")
     hardware.add_argument("--gpu", default="H100", help="H100, H200, B200 or A100 (SXM; datasheet figures)")
@@ -172,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     from lmforge.trainer.planner.render import plan_document, table, values_yaml
     from lmforge.trainer.planner.search import search
 
+    if args.schedule:
+        return run_schedule(args)
     request, model = build_request(args)  # a bad argument raises: the CLI prints one line, exits 2
     candidates, evaluated = search(request)
     document = plan_document(request, candidates, evaluated, model, args.top, include_all=args.all)
@@ -183,5 +191,26 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(table(document))
     if document["recommended"] is None:
         sys.stderr.write("lmforge-train plan: no layout fits in GPU memory (see the smallest above)\n")
+        return 1
+    return 0
+
+
+def run_schedule(args: argparse.Namespace) -> int:
+    """`plan --schedule`: a plan per stage and the run's totals; exit codes as `run`'s."""
+    from lmforge.trainer.planner.schedule_plan import plan_schedule
+    from lmforge.trainer.planner.schedule_render import schedule_document, schedule_table, schedule_values_yaml
+
+    if args.global_batch_tokens is not None or args.global_batch_sequences is not None:
+        raise ConfigError("--schedule: each stage sets its global_batch_tokens; drop --global-batch-*")
+    document = schedule_document(plan_schedule(args))
+    if args.format == "json":
+        sys.stdout.write(json.dumps(document, indent=1) + "\n")
+    elif args.format == "values":
+        sys.stdout.write(schedule_values_yaml(document))
+    else:
+        sys.stdout.write(schedule_table(document))
+    unfit = [stage["name"] for stage in document["stages"] if stage["recommended"] is None]
+    if unfit:
+        sys.stderr.write(f"lmforge-train plan: no layout fits in GPU memory for stage {', '.join(unfit)}\n")
         return 1
     return 0
