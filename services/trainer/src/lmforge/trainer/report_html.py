@@ -524,10 +524,12 @@ def _facts(config: dict | None) -> str:
         return "drawn from metrics.jsonl"
     model, data, parallel, optim = (config.get(k) or {} for k in ("model", "data", "parallel", "optim"))
     overrides = model.get("overrides") or {}
+    batch = (f"a schedule of {len(config['schedule'])} stages (below)" if config.get("schedule") else
+             f"{data.get('batch_size', '?')} × {data.get('seq_len', '?')} tokens per rank per micro-step, "
+             f"grad_accum {config.get('grad_accum', '?')}")
     return (
         f"model {model.get('preset', '?')}{' ' + json.dumps(overrides) if overrides else ''}, "
-        f"parallel {_parallel(parallel)}, {data.get('batch_size', '?')} × {data.get('seq_len', '?')} "
-        f"tokens per rank per micro-step, grad_accum {config.get('grad_accum', '?')}, "
+        f"parallel {_parallel(parallel)}, {batch}, "
         f"lr {optim.get('lr', '?')} ({optim.get('schedule', '?')}), seed {config.get('seed', '?')}"
     )
 

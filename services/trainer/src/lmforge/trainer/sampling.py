@@ -40,6 +40,22 @@ The order depends on the seed, G, these settings and the sources' shapes only: c
 setting starts another order from that batch on (a valid shuffle, but the epoch in progress is
 not completed as it would have been).
 
+*Schedules* (lmforge.trainer.schedule: stages of global batch, sequence length and mixture by
+consumed tokens) are what changes G without that: with a plan,
+
+- the stream count S is one for the whole run, a divisor of every stage's G, so a batch ramp only
+  widens each stream's share of a step, and each stream keeps drawing where it was: every
+  sequence once per epoch whatever the ramp;
+- each stage has its mixture's chunks (keyed by the stage too), and each stream continues each
+  source's draws from where the stage before left them (a chunk takes a prefix of each source's
+  draws, so a stage change mid-chunk leaves no gap and no repeat);
+- the sources hold the longest stage's sequences, and a shorter stage reads consecutive pieces of
+  them: a stream's position in a source is counted in the shortest stage's sequences ("atoms"),
+  a stage of a atoms per sequence starts at the next multiple of a. So the token stream is the
+  same at every length, a change to a longer sequence skips fewer than a atoms per stream and
+  source (nothing is read twice), and a stream still reads its windows' blocks whole: the read
+  amplification bound holds across the stages.
+
 `global` (GlobalSampler) is the uniform shuffle: sample q = (i·world + r)·per_rank + j (batch
 index i, rank r; the same 8 q's per step for any split of G) picks its source by a hash of
 (seed, q) against the weights, then perm(q mod n) of that source, perm a
