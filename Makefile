@@ -181,7 +181,7 @@ bench-gpu: setup ## every GPU figure: training MFU (350m, llama-350m, llama-1b, 
 	$(PY) bench/train_throughput.py --suite gpu
 	$(PY) bench/record_calibration.py bench/out/train-throughput-gpu.json
 	$(PY) bench/train_memory.py --device cuda --preset 350m --ranks 1
-	$(PY) bench/train/document_masking_bench.py
+	$(PY) bench/train_document_masking.py
 	$(PY) bench/serve/serve_bench.py --suite gpu
 	$(PY) bench/serve/hf_generate_bench.py
 	$(PY) bench/serve/serve_vs_hf.py

@@ -20,6 +20,8 @@
 #   C  training memory: DDP vs FSDP2, 350m, 1 rank                                     -> train-memory.json
 #   D1 llama-1b Float8 (tensorwise) and activation checkpointing, against A's bf16 row -> train-throughput-gpu-float8-ac.json
 #   D2 350m fp32 (against A's 350m bf16 row)                                           -> train-throughput-gpu-fp32.json
+#   E  a 32k-token stage: llama-350m forward+backward with document masking (flex)    -> document-masking.json
+#      against causal SDPA on the same tokens
 # Everything printed also goes to $OUT/device_run.log.
 #
 # Shortened against `make bench-gpu`: 30 training steps per row instead of 60 (medians over steps
@@ -89,12 +91,14 @@ if [ "$DEVICE" = cuda ]; then
   SERVE=(--suite gpu --rounds 1)
   HF=(--clients 64 16 1 --rounds 1 --compile "${HF_COMPILE:-auto}")  # the goal's row first
   MEMORY=(--device cuda --preset 350m --ranks 1)
+  MASKING=()
 else  # the same code paths on CPU, tiny models
   TRAIN=(--device cpu --seq-len 32 --batch 4 --gpu-steps 6 --no-compile --row-timeout 120)
   A_PRESETS=tiny,llama-debug F8=llama-debug FP32=tiny
   SERVE=(--suite gpu --device cpu --preset tiny --clients 1 4 --requests 4 --max-tokens 8 --rounds 1)
   HF=(--device cpu --preset tiny --clients 4 1 --requests 4 --max-tokens 8 --rounds 1)
   MEMORY=(--device cpu --preset tiny --ranks 1)
+  MASKING=(--smoke)
 fi
 
 part "A training bf16" 230 "$PY" bench/train_throughput.py --suite gpu "${TRAIN[@]}" --preset "$A_PRESETS" \
@@ -116,6 +120,7 @@ part "D1 training float8 + act. ckpt" 170 "$PY" bench/train_throughput.py --suit
   --float8-preset "$F8" --runs float8,ac "${BASELINE[@]}" --tag float8-ac --out "$OUT"
 part "D2 training fp32" 120 "$PY" bench/train_throughput.py --suite gpu "${TRAIN[@]}" --preset "$FP32" \
   --runs fp32 --tag fp32 --out "$OUT"
+part "E document masking at 32k" 120 "$PY" bench/train_document_masking.py "${MASKING[@]}" --out "$OUT"
 echo "### $(date -u +%T) done after $(($(date +%s) - START))s"
 ls -l "$OUT"
 sleep 1  # let tee write the last lines into device_run.log

@@ -239,7 +239,7 @@ def test_pp2_with_documents_matches_one_process(parallel_results):
 
 
 def test_benchmark_smoke_mode_writes_its_figures(tmp_path):
-    command = [sys.executable, "bench/train/document_masking_bench.py", "--smoke", "--out", str(tmp_path)]
+    command = [sys.executable, "bench/train_document_masking.py", "--smoke", "--out", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]

@@ -35,7 +35,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def document_lengths(seq_len: int, mean: float, sigma: float, seed: int) -> list[int]:
