@@ -230,6 +230,20 @@ def big_corpus(s3_endpoint, tmp_path_factory):
     return sum(p.stat().st_size for p in root.glob("shards/*.bin"))
 
 
+def count_fetches(monkeypatch) -> list[int]:
+    """The bytes of every range read from the store from now on (a list the reads append to)."""
+    fetches: list[int] = []
+    original = S3Bucket.get_range_sized
+
+    def counted(self, key, start, length):
+        data, total = original(self, key, start, length)
+        fetches.append(len(data))
+        return data, total
+
+    monkeypatch.setattr(S3Bucket, "get_range_sized", counted)
+    return fetches
+
+
 def fetched_bytes_per_trained_byte(sampler, source, steps: int, fetches: list) -> float:
     fetches.clear()
     for step in range(steps):
@@ -241,15 +255,7 @@ def fetched_bytes_per_trained_byte(sampler, source, steps: int, fetches: list) -
 
 def test_bytes_fetched_per_byte_trained_stay_bounded_with_a_corpus_100x_the_cache(s3, big_corpus, tmp_path,
                                                                                 monkeypatch):
-    fetches: list[int] = []
-    original = S3Bucket.get_range_sized
-
-    def counted(self, key, start, length):
-        data, total = original(self, key, start, length)
-        fetches.append(len(data))
-        return data, total
-
-    monkeypatch.setattr(S3Bucket, "get_range_sized", counted)
+    fetches = count_fetches(monkeypatch)
     cache_bytes = 64 * AMP_BLOCK
     assert big_corpus >= 100 * cache_bytes
     cache = BlockCache(tmp_path / "cache", max_bytes=cache_bytes)
@@ -270,15 +276,7 @@ def test_read_amplification_stays_bounded_across_a_schedules_stage_changes(s3, b
     from lmforge.trainer.config import TrainConfig
     from lmforge.trainer.schedule import TrainingPlan
 
-    fetches: list[int] = []
-    original = S3Bucket.get_range_sized
-
-    def counted(self, key, start, length):
-        data, total = original(self, key, start, length)
-        fetches.append(len(data))
-        return data, total
-
-    monkeypatch.setattr(S3Bucket, "get_range_sized", counted)
+    fetches = count_fetches(monkeypatch)
     cache = BlockCache(tmp_path / "cache", max_bytes=64 * AMP_BLOCK)
     schedule = [{"global_batch_tokens": 8 * AMP_SEQ},
                 {"start_tokens": 40 * 8 * AMP_SEQ, "global_batch_tokens": 16 * AMP_SEQ},

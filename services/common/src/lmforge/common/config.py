@@ -161,13 +161,18 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def yaml_document(path: str | Path, what: str = "config file") -> Any:
+    """A YAML file's document; ConfigError naming `what` when it is missing or not YAML."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ConfigError(f"config file not found: {path}") from exc
+        raise ConfigError(f"{what} not found: {path}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"{what} {path} is not valid YAML: {' '.join(str(exc).split())}") from exc
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    data = yaml_document(path)
     if data is None:
         return {}
     if not isinstance(data, dict):

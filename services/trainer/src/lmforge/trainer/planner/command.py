@@ -183,12 +183,7 @@ def run(args: argparse.Namespace) -> int:
     request, model = build_request(args)  # a bad argument raises: the CLI prints one line, exits 2
     candidates, evaluated = search(request)
     document = plan_document(request, candidates, evaluated, model, args.top, include_all=args.all)
-    if args.format == "json":
-        sys.stdout.write(json.dumps(document, indent=1) + "\n")
-    elif args.format == "values":
-        sys.stdout.write(values_yaml(document))
-    else:
-        sys.stdout.write(table(document))
+    _print(document, args.format, values=values_yaml, table=table)
     if document["recommended"] is None:
         sys.stderr.write("lmforge-train plan: no layout fits in GPU memory (see the smallest above)\n")
         return 1
@@ -203,14 +198,15 @@ def run_schedule(args: argparse.Namespace) -> int:
     if args.global_batch_tokens is not None or args.global_batch_sequences is not None:
         raise ConfigError("--schedule: each stage sets its global_batch_tokens; drop --global-batch-*")
     document = schedule_document(plan_schedule(args))
-    if args.format == "json":
-        sys.stdout.write(json.dumps(document, indent=1) + "\n")
-    elif args.format == "values":
-        sys.stdout.write(schedule_values_yaml(document))
-    else:
-        sys.stdout.write(schedule_table(document))
+    _print(document, args.format, values=schedule_values_yaml, table=schedule_table)
     unfit = [stage["name"] for stage in document["stages"] if stage["recommended"] is None]
     if unfit:
         sys.stderr.write(f"lmforge-train plan: no layout fits in GPU memory for stage {', '.join(unfit)}\n")
         return 1
     return 0
+
+
+def _print(document: dict, output: str, *, values, table) -> None:
+    """The document in the --format asked for: json, values (the chart's) or the table."""
+    sys.stdout.write(json.dumps(document, indent=1) + "\n" if output == "json" else
+                     values(document) if output == "values" else table(document))

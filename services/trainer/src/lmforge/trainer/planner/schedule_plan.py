@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
-from lmforge.common.config import format_validation_error
+from lmforge.common.config import format_validation_error, yaml_document
 from lmforge.common.errors import ConfigError
 from lmforge.trainer.planner.search import Candidate, PlanRequest, search
 from lmforge.trainer.schedule import Stage, TrainingPlan, resolve_stages
@@ -78,12 +76,7 @@ class SchedulePlan:
 
 def read_schedule_file(path: str) -> ScheduleFile:
     """The file's stages (and steps, data.seq_len, data.sources when it is a trainer config); one-line errors."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"--schedule: no file {path}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--schedule: {path} is not valid YAML ({' '.join(str(exc).split())})") from exc
+    data = yaml_document(path, "--schedule: file")
     if isinstance(data, dict):
         if not data.get("schedule"):
             raise ConfigError(f"--schedule: {path} holds a mapping without a `schedule:` list of stages")
