@@ -20,8 +20,9 @@ from lmforge.model.config import PRESETS
 from lmforge.trainer.config import TrainConfig
 from lmforge.trainer.layout_rules import ModelDims
 from lmforge.trainer.mesh_layout import trainer_layout
-from lmforge.trainer.planner.command import add_arguments, build_request
+from lmforge.trainer.planner.command import add_arguments
 from lmforge.trainer.planner.render import chart_values
+from lmforge.trainer.planner.request import build_request
 from lmforge.trainer.planner.search import search
 from lmforge.trainer.train import refuse_unrunnable_layout, refuse_unsplittable_model
 

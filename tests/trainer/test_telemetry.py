@@ -82,11 +82,13 @@ def test_rank_zero_serves_design_metrics_with_per_rank_gauges(tmp_path, data):
     assert min(s.value for s in samples["lmforge_train_peak_memory_bytes"]) > 10 * 2**20
 
 
-STEP_RECORD = {"step": 41, "loss": 2.75, "grad_norm": 0.5, "lr": 3e-4, "tokens_per_second": 1234.0, "mfu": None}
+STEP_RECORD = {"step": 41, "loss": 2.75, "grad_norm": 0.5, "lr": 3e-4, "tokens_per_second": 1234.0, "mfu": None,
+               "stage": 1, "tokens": 86016}
 PER_RANK = [{"step_seconds": 0.25, "data_wait_seconds": 0.01, "peak_memory_bytes": 2**20}]
 UNKNOWN_AT_START = ["lmforge_train_step", "lmforge_train_loss", "lmforge_train_val_loss", "lmforge_train_grad_norm",
                     "lmforge_train_learning_rate", "lmforge_train_tokens_per_second", "lmforge_train_mfu_ratio",
-                    "lmforge_train_last_checkpoint_step", "lmforge_train_checkpoint_stall_seconds"]
+                    "lmforge_train_last_checkpoint_step", "lmforge_train_checkpoint_stall_seconds",
+                    "lmforge_train_stage", "lmforge_train_consumed_tokens"]
 
 
 def test_gauges_are_absent_until_the_trainer_knows_them():
@@ -110,14 +112,20 @@ def test_gauges_are_absent_until_the_trainer_knows_them():
         "lmforge_train_mfu_ratio": None,  # no known peak FLOP/s: never a made-up 0
         "lmforge_train_val_loss": None, "lmforge_train_checkpoint_stall_seconds": None,
         "lmforge_train_last_checkpoint_step": -1,  # a step ran and no checkpoint was restored: none yet
+        "lmforge_train_stage": 1, "lmforge_train_consumed_tokens": 86016,
     }
 
-    metrics.val_loss.set(3.5)
+    metrics.observe_eval(3.5, {"web": 3.25, "code": 4.0})
     metrics.checkpoint_stall.set(0.125)
     metrics.observe_step({**STEP_RECORD, "step": 42, "mfu": 0.3}, PER_RANK)
     samples = registry_samples(metrics.registry)
     assert (samples["lmforge_train_val_loss"], samples["lmforge_train_checkpoint_stall_seconds"],
             samples["lmforge_train_mfu_ratio"], samples["lmforge_train_step"]) == (3.5, 0.125, 0.3, 42)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scrape = text_string_to_metric_families(generate_latest(metrics.registry).decode())
+    assert {s.labels["source"]: s.value for family in scrape for s in family.samples
+            if s.name == "lmforge_train_source_val_loss"} == {"web": 3.25, "code": 4.0}
 
 
 def test_a_resumed_run_shows_its_restored_checkpoint_never_minus_one():

@@ -20,6 +20,7 @@ One job per module:
              start check), their evaluation and the recommendation
   render     the plan as a table, as JSON, and as the chart's training values
   command    the `plan` subcommand's arguments and handler
+  request    the plan's inputs (a PlanRequest) from those arguments
   schedule_plan   `plan --schedule`: the trainer's schedule resolved and placed, a search per stage
   schedule_render a schedule's plan as a table, as JSON, and as the chart's values for the whole run
 

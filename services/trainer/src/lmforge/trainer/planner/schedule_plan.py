@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from lmforge.common.config import format_validation_error, yaml_document
 from lmforge.common.errors import ConfigError
+from lmforge.trainer.planner.request import build_request
 from lmforge.trainer.planner.search import Candidate, PlanRequest, search
 from lmforge.trainer.schedule import Stage, TrainingPlan, resolve_stages
 
@@ -144,8 +145,6 @@ def place(stages: list[Stage], tokens: float | None, steps: int | None) -> Train
 
 def plan_schedule(args: argparse.Namespace) -> SchedulePlan:
     """Every stage's search, over the one model and cluster the arguments name."""
-    from lmforge.trainer.planner.command import build_request
-
     schedule = read_schedule_file(args.schedule)
     seq_len = data_seq_len(schedule, args.seq_len)
     lengths = [s.get("seq_len") for s in schedule.stages] + [seq_len]
