@@ -225,6 +225,13 @@ def _legend(lines: list[Line]) -> list[LegendItem]:
     return [LegendItem(line.label, line.color, "dashed" if line.dashed else "line") for line in lines]
 
 
+def _line_chart(lines: list[Line], name: str, label: str, axis: str, fmt: Callable[[float, int], str], x_max: float,
+                ticks: list[tuple[float, str]], x_title: str, markers: list[Marker]) -> LineChart:
+    """The report's line chart from 0 to x_max (every chart: the same frame, thinning and padding)."""
+    return line_chart(lines, frame=FRAME, x_range=(0, x_max), x_ticks=ticks, y_format=fmt, x_title=x_title,
+                      y_title=axis, label=label, name=name, markers=markers, max_points=MAX_POINTS, y_pad=0.06)
+
+
 def _chart_section(
     name: str, title: str, axis: str, lines: list[Line], view: RunView, fmt: Callable[[float, int], str], missing: str
 ) -> ChartSection:
@@ -233,20 +240,8 @@ def _chart_section(
     if not lines:
         return ChartSection(name, title, None, [], missing)
     x_max = max(view.last_step, (view.target_steps or 1) - 1, 1)
-    chart = line_chart(
-        lines,
-        frame=FRAME,
-        x_range=(0, x_max),
-        x_ticks=[(t, str(int(t))) for t in nice_ticks(0, x_max) if t == int(t)],
-        y_format=fmt,
-        x_title="training step",
-        y_title=axis,
-        label=f"{title} over steps",
-        name=name,
-        markers=_markers(view),
-        max_points=MAX_POINTS,
-        y_pad=0.06,
-    )
+    ticks = [(t, str(int(t))) for t in nice_ticks(0, x_max) if t == int(t)]
+    chart = _line_chart(lines, name, f"{title} over steps", axis, fmt, x_max, ticks, "training step", _markers(view))
     legend = _legend(lines)
     if view.checkpoints:
         legend.append(LegendItem("checkpoint committed", CHECKPOINT_COLOR, "dashed"))
@@ -390,20 +385,9 @@ def _token_section(
     if not lines:
         return ChartSection(name, title, None, [], "no values logged")
     x_max = _tokens_drawn(view)
-    chart = line_chart(
-        lines,
-        frame=FRAME,
-        x_range=(0, x_max),
-        x_ticks=[(t, _tokens_label(t)) for t in nice_ticks(0, x_max)],
-        y_format=fmt,
-        x_title="tokens consumed",
-        y_title=axis,
-        label=f"{title} over consumed tokens",
-        name=name,
-        markers=_stage_markers(view),
-        max_points=MAX_POINTS,
-        y_pad=0.06,
-    )
+    ticks = [(t, _tokens_label(t)) for t in nice_ticks(0, x_max)]
+    chart = _line_chart(lines, name, f"{title} over consumed tokens", axis, fmt, x_max, ticks, "tokens consumed",
+                        _stage_markers(view))
     return ChartSection(name, title, chart, [*_legend(lines), LegendItem("stage starts", STAGE_COLOR, "dashed")], "")
 
 
