@@ -183,8 +183,9 @@ def test_spans_queue_prefill_decode_under_the_request_span(tiny_package):
     service.load()
     with in_process_server(service) as url:
         httpx.post(f"{url}/v1/completions", json={"prompt": "Bees make", "max_tokens": 5, "temperature": 0})
-        with httpx.stream("POST", f"{url}/v1/completions", json={"prompt": "The", "max_tokens": 5,
-                                                                 "stream": True}) as response:
+        # greedy, as the first: a sampled continuation may end with the end-of-text token (finish_reason stop)
+        with httpx.stream("POST", f"{url}/v1/completions", json={"prompt": "Bees make", "max_tokens": 5,
+                                                                 "temperature": 0, "stream": True}) as response:
             list(response.iter_lines())
     spans = exporter.get_finished_spans()
     requests = [s for s in spans if s.name == "POST /v1/completions"]
