@@ -114,3 +114,18 @@ def test_a_check_across_fields_names_the_sources_of_the_fields_its_message_names
     with pytest.raises(ConfigError, match=rf"^invalid configuration \({path}, argument low=0\.9\):\n  out of order"):
         load_config(UnnamedRange, path, ["low=0.9"])  # a message naming no field: every source
 
+
+
+def test_yaml_document_names_what_is_missing_or_not_yaml(tmp_path):
+    from lmforge.common.config import yaml_document
+
+    listed = tmp_path / "stages.yaml"
+    listed.write_text("- {start_tokens: 0}\n")
+    assert yaml_document(listed) == [{"start_tokens": 0}]  # any document, not only a mapping
+    with pytest.raises(ConfigError, match="--schedule: file not found: .*absent.yaml"):
+        yaml_document(tmp_path / "absent.yaml", "--schedule: file")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("- {a: 1\n")
+    with pytest.raises(ConfigError, match=r"config file .*broken.yaml is not valid YAML: \S") as error:
+        yaml_document(broken)
+    assert "\n" not in str(error.value)

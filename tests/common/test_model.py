@@ -233,3 +233,23 @@ def test_every_variant_round_trips_through_the_serving_package(tmp_path, variant
     loaded, _ = load_package(package)
     idx = torch.randint(0, 97, (1, 16))
     torch.testing.assert_close(loaded(idx)[0], model(idx)[0], atol=0, rtol=0)
+
+
+def test_set_rope_recomputes_the_tables_in_place_for_a_stage():
+    """A schedule stage's RoPE base and scaling: the model computes as one built with them."""
+    from lmforge.model.config import RopeScaling
+    from lmforge.model.rope import set_rope
+
+    torch.manual_seed(0)
+    config = GPTConfig(**LLAMA_TINY)
+    model = GPT(config)
+    tables = model.rope_cos
+    scaling = RopeScaling(factor=8.0, original_context_length=16)
+    staged = set_rope(model, config, 1_000_000.0, scaling)
+    assert (staged.rope_theta, staged.rope_scaling) == (1_000_000.0, scaling)
+    assert model.rope_cos is tables  # in place: every holder of the buffer (pipeline chunks) sees it
+    torch.manual_seed(0)
+    fresh = GPT(staged)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 16))
+    assert torch.equal(model(idx)[0], fresh(idx)[0])
+    assert set_rope(model, config, None, None) == config and torch.equal(model.rope_cos, GPT(config).rope_cos)

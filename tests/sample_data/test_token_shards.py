@@ -28,3 +28,23 @@ def test_index_lists_each_shards_hash_and_its_sidecar_the_block_hashes(tmp_path)
         assert sidecar == b"".join(hashlib.sha256(block).digest() for block in blocks)
         assert entry.blocks_sha256 == hashlib.sha256(sidecar).hexdigest()
     assert any(entry.blocks > 1 for entry in entries["train"])  # a shard spans blocks
+
+
+def test_documents_end_with_the_end_of_text_token_the_manifest_names(tmp_path):
+    from lmforge.sample_data.token_shards import EOT_ID
+
+    plain = synthetic_output(tmp_path / "plain", train_tokens=4000)
+    packed = synthetic_output(tmp_path / "packed", train_tokens=4000, document_tokens=20)
+    for root in (plain, packed):
+        assert json.loads((root / "manifest.json").read_text())["tokenizer"]["eot_id"] == EOT_ID
+    documents = train_tokens(packed).count(EOT_ID)
+    assert 4000 / 20 / 2 < documents < 4000 / 20 * 2  # about one every 20 tokens
+    assert EOT_ID not in train_tokens(plain)  # the pattern never uses it
+
+
+def train_tokens(root) -> list[int]:
+    from lmforge.common.shards import open_shard
+
+    manifest = json.loads((root / "manifest.json").read_text())
+    entries = read_split_index(manifest, "train", lambda rel: (root / rel).read_bytes(), str(root))
+    return [token for entry in entries for token in open_shard(root / entry.path)[1].tolist()]
