@@ -70,7 +70,7 @@ image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONT
 
 .PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-quality-steps \
 	bench-dataprep-scaling bench-dataprep-crawl bench-html-extraction bench-train-memory \
-	bench-train-throughput bench-checkpoint bench-upload bench-serve bench-serve-engine bench-serve-split bench-gpu clean
+	bench-train-throughput bench-checkpoint bench-weights bench-upload bench-serve bench-serve-engine bench-serve-split bench-gpu clean
 .DEFAULT_GOAL := help
 
 # Every target with a `## ` note, one line each (image-SERVICE's note is its own `## ` line).
@@ -88,7 +88,7 @@ system-packages: ## the Debian packages the tests and the demo need (apt, sudo w
 $(SETUP_STAMP): Makefile requirements-dev.txt $(foreach s,$(PACKAGES),$(s)/pyproject.toml) | system-packages
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(PACKAGES),-e $(s)) -e 'services/trainer[tracking]' \
+	$(PIP) install -q -r requirements-dev.txt $(foreach s,$(PACKAGES),-e $(s)) -e 'services/trainer[tracking,eval]' \
 	  -e 'services/dataprep[kenlm]' -e 'pipelines[data,train]'
 	touch $(SETUP_STAMP)
 
@@ -163,6 +163,9 @@ bench-train-throughput: setup ## training tokens/s, and the trainer's overhead o
 
 bench-checkpoint: setup ## how long a checkpoint blocks a training step, async against sync
 	$(PY) bench/checkpoint_stall.py
+
+bench-weights: setup ## what weights-only packages (checkpoint.weights_every) cost the training step: mean step time on/off
+	$(PY) bench/weights_overhead.py
 
 bench-upload: setup ## the checkpoint uploader against boto3's upload_file
 	$(PY) bench/upload_bench.py

@@ -47,8 +47,8 @@ IMAGES: dict[str, list[tuple[str, str]]] = {
     "dataprep": [("services/common", ""), ("services/pages", ""), ("services/model", ""), ("services/dataprep", ""),
                  ("pipelines", "data")],
     "trainer": [("services/common", ""), ("services/pages", ""), ("services/model", "torch"),
-                ("services/trainer", "tracking"), ("services/uploader", ""), ("pipelines", "train")],
-    "uploader": [("services/common", ""), ("services/uploader", "")],
+                ("services/trainer", "tracking,eval"), ("services/uploader", ""), ("pipelines", "train")],
+    "uploader": [("services/common", ""), ("services/model", ""), ("services/uploader", "")],
     "inference": [("services/common", ""), ("services/model", "torch"), ("services/inference", "")],
     "canary": [("services/common", ""), ("services/canary", "")],
 }

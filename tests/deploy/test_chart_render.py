@@ -344,7 +344,7 @@ def test_network_policies_admit_only_the_gateway_canary_and_prometheus(name):
     assert _ports(scrape) == {9402, 9401} and scrape["from"] == metrics["from"]
     batch = policies["lmforge-batch"]["spec"]
     assert batch["ingress"] == []
-    assert batch["podSelector"]["matchExpressions"][0]["values"] == ["dataprep", "canary"]
+    assert batch["podSelector"]["matchExpressions"][0]["values"] == ["dataprep", "canary", "checkpoint-eval"]
     # Every pod the chart runs is selected by one of them.
     for obj in workloads(name):
         for where, template in pod_templates(obj):

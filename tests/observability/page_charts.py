@@ -80,3 +80,11 @@ def read_page(text: str) -> tuple[list[DrawnPanel], list[str], list[tuple[str, s
     reader = _Reader()
     reader.feed(text)
     return reader.panels, reader.tags, reader.attributes
+
+
+def with_repeats(title: str, **values: str) -> str:
+    """A panel's title as the page draws it when its repeat variable has one value here
+    (Grafana draws a repeated panel once per value, the value in its title)."""
+    for name, value in values.items():
+        title = title.replace(f"${name}", value)
+    return title

@@ -72,6 +72,10 @@ COVERAGE = {
         ("lmforge_train_peak_memory_bytes", "rank"),
         ("lmforge_uploader_lag_seconds",),
         ("lmforge_train_last_checkpoint_step", "lmforge_uploader_last_uploaded_step"),
+        ("lmforge_eval_task_score", "lmforge_eval_task_best_score", 'task=~"$task"'),
+        ("lmforge_eval_heldout_loss", "lmforge_eval_heldout_best_loss"),
+        ("lmforge_eval_jobs_running", "lmforge_eval_jobs_total", "lmforge_eval_skipped_checkpoints_total"),
+        ("lmforge_eval_promoted_step", "lmforge_eval_checkpoint_step"),
     ],
     "dataprep": [
         ("lmforge:dataprep_documents:sum", "rate("),
@@ -210,6 +214,50 @@ def test_dashboards_cover_what_the_issue_lists(dashboards):
             assert any(all(word in text for word in group) for text in texts), f"{name}: no panel shows {group}"
 
 
+def test_the_task_score_panel_repeats_once_per_task(dashboards):
+    """Grafana draws the panel once per value of $task (all values by default): one panel per task."""
+    training = dashboards["training"]
+    variables = {v["name"]: v for v in training["templating"]["list"]}
+    assert variables["task"]["definition"] == 'label_values(lmforge_eval_task_score{run=~"$run"}, task)'
+    (repeated,) = [p for p in query_panels(training) if p.get("repeat")]
+    assert (repeated["repeat"], repeated["title"]) == ("task", "Task score: $task")
+    rows = [p["title"] for p in panels(training) if p["type"] == "row"]
+    assert rows[-1] == "Checkpoint evaluations"
+
+
+def test_the_dashboards_page_draws_a_repeated_panel_once_per_value(tmp_path):
+    """The demo's page (lmforge.demo.dashboards_page) draws the task panel once per task as Grafana
+    does, each copy asked for its own task only (a value with a regex metacharacter escaped), from a
+    real Prometheus whose recording rules make the series."""
+    import time
+
+    from lmforge.demo.dashboards_page import fetch
+    from tests.prometheus_tools import query, running_prometheus
+
+    def series(name: str, task: str, value: float) -> dict:
+        expr = f'label_replace(label_replace(vector({value}), "task", "{task}", "", ""), "run", "r1", "", "")'
+        return {"record": name, "expr": f'label_replace({expr}, "metric", "acc", "", "")'}
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "evals", "rules": [
+        series("lmforge_eval_task_score", "tiny_mc", 0.25), series("lmforge_eval_task_best_score", "tiny_mc", 1.0),
+        series("lmforge_eval_task_score", "arc.easy", 0.5), series("lmforge_eval_task_score", "arcXeasy", 0.75),
+    ]}]}))
+    with running_prometheus(tmp_path, [], [rules]) as url:
+        deadline = time.monotonic() + 30
+        while len(query(url, "lmforge_eval_task_score")) < 3:
+            assert time.monotonic() < deadline, "the recording rules never evaluated"
+            time.sleep(0.2)
+        now = time.time()
+        (training,) = [d for d in fetch(url, now - 60, now + 1, 1) if d.name == "training"]
+    drawn = {p.title: p for p in training.panels if p.title.startswith("Task score")}
+    assert sorted(drawn) == ["Task score: arc.easy", "Task score: arcXeasy", "Task score: tiny_mc"]
+    assert [s.legend for s in drawn["Task score: tiny_mc"].series] == ["r1 acc", "r1 acc best"]
+    assert {s.finite()[-1][1] for s in drawn["Task score: tiny_mc"].series} == {0.25, 1.0}
+    assert [s.legend for s in drawn["Task score: arc.easy"].series] == ["r1 acc"]  # not arcXeasy's
+    assert 'task=~"arc\\\\.easy"' in drawn["Task score: arc.easy"].targets[0].expr
+
+
 # ---------------------------------------------------------------------------------------- the PromQL
 
 
@@ -230,6 +278,7 @@ def service_metric_names() -> set[str]:
     from lmforge.dataprep.metrics import DataprepMetrics
     from lmforge.inference.metrics import NvmlCollector, ServeMetrics
     from lmforge.inference.stats import EngineStats
+    from lmforge.trainer import checkpoint_eval
     from lmforge.trainer.metrics import TrainMetrics
     from lmforge.uploader.metrics import UploaderMetrics
 
@@ -244,7 +293,7 @@ def service_metric_names() -> set[str]:
     canary = build_registry(SimpleNamespace(score=0.9, perplexity=12.0, seconds=3.0), SimpleNamespace(passed=True),
                             SimpleNamespace(score=0.9, perplexity=12.5), now=0)
     registries = [serve.registry, TrainMetrics().registry, UploaderMetrics().registry,
-                  DataprepMetrics().registry, canary]
+                  DataprepMetrics().registry, canary, checkpoint_eval.build_registry()]
     return set().union(gpu_names, *(exposed(r) for r in registries))
 
 

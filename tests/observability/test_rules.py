@@ -99,6 +99,7 @@ def exposed_series() -> dict[str, str]:
     from lmforge.dataprep.metrics import DataprepMetrics
     from lmforge.inference.metrics import ServeMetrics
     from lmforge.inference.stats import EngineStats
+    from lmforge.trainer import checkpoint_eval
     from lmforge.trainer.metrics import TrainMetrics
     from lmforge.uploader.metrics import UploaderMetrics
 
@@ -106,6 +107,7 @@ def exposed_series() -> dict[str, str]:
         UploaderMetrics().registry, DataprepMetrics().registry, TrainMetrics().registry,
         ServeMetrics("m", "cpu", lambda: (0, 0), EngineStats).registry,
         build_registry(SimpleNamespace(score=1.0, perplexity=2.0, seconds=3.0), SimpleNamespace(passed=True), None),
+        checkpoint_eval.build_registry(),  # the eval job's Pushgateway series
     ]
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
     return {family.name + suffix: family.type for registry in registries for family in registry.collect()
@@ -164,7 +166,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case(groups):
 def test_every_alert_is_labelled_and_documented(groups):
     rules = alerts(groups)
     names = [rule["alert"] for rule in rules]
-    assert len(names) == len(set(names)) and len(names) >= 16
+    assert len(names) == len(set(names)) and len(names) >= 18
     for rule in rules:
         name = rule["alert"]
         assert rule["labels"]["severity"] in SEVERITIES, name
@@ -229,7 +231,7 @@ def test_thresholds_come_from_values():
     groups = rule_groups(render({"alerts": {
         "inference": {"ttft": {"p95Seconds": 7, "for": "3m"}},
         "canary": {"staleHours": 50},
-        "training": {"mfu": {"floor": 0.33}},
+        "training": {"mfu": {"floor": 0.33}, "evalScoreDrop": 0.2, "evalLossRise": 1.5},
     }}))
     by_name = {rule["alert"]: rule for rule in alerts(groups)}
     assert by_name["LmforgeInferenceTTFTHigh"]["expr"].endswith("> 7")
@@ -237,6 +239,8 @@ def test_thresholds_come_from_values():
     assert "50 * 3600" in by_name["LmforgeCanaryStale"]["expr"]
     assert "50 * 3600" in by_name["LmforgeCanaryRegression"]["expr"]
     assert "< 0.33" in by_name["LmforgeTrainingMFULow"]["expr"]
+    assert by_name["LmforgeEvalTaskRegression"]["expr"].endswith("> 0.2")
+    assert by_name["LmforgeEvalHeldOutRegression"]["expr"].endswith("> 1.5")
 
 
 def test_alert_groups_can_be_turned_off_per_service():

@@ -146,6 +146,9 @@ def test_train_pipeline_chain_and_conditional_rollout(compiled):
     assert metrics["artifactType"]["schemaTitle"] == "system.Metrics"
     for executor in raw["deploymentSpec"]["executors"].values():
         assert executor["container"]["image"] == TRAINER_IMAGE
+    # With evaluation branches the export step publishes the best evaluated checkpoint (evals/best.json).
+    export = raw["deploymentSpec"]["executors"]["exec-export-model"]["container"]
+    assert "bodies.export_run_model(" in export["command"][-1]
 
 
 def test_image_names_follow_the_chart():

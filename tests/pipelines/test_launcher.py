@@ -7,6 +7,7 @@ failure path."""
 from __future__ import annotations
 
 import copy
+import json
 import sys
 
 import pytest
@@ -117,6 +118,21 @@ class FakeKubernetes:
         kind = self._kind(group, version, plural)
         self.deleted.append((kind, name))
         self.objects.pop((kind, name), None)
+
+    def create_namespaced_config_map(self, namespace, body):
+        assert (body["kind"], namespace) == ("ConfigMap", "ml")
+        if ("ConfigMap", body["metadata"]["name"]) in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.created.append(copy.deepcopy(body))
+        self.objects[("ConfigMap", body["metadata"]["name"])] = copy.deepcopy(body)
+        return copy.deepcopy(body)
+
+    def patch_namespaced_config_map(self, name, namespace, body):
+        self.patched.append(("ConfigMap", name, body))
+
+    def delete_namespaced_config_map(self, name, namespace):
+        self.deleted.append(("ConfigMap", name))
+        self.objects.pop(("ConfigMap", name), None)
 
     def list_namespaced_pod(self, namespace, label_selector):
         self.pod_selectors.append(label_selector)
@@ -368,3 +384,21 @@ def test_local_launcher_timeout_stops_torchrun(tmp_path):
     with pytest.raises(TrainingTimeout) as info:
         local.run(TrainingJob(run="slow", checkpoint_store=str(tmp_path), overrides=[]), timeout_s=2)
     assert "started" in info.value.log_tail
+
+
+def test_a_run_with_evaluation_creates_its_job_template_first_owned_by_the_job():
+    """training.evaluation: the sidecar mounts the run's evaluation Job template, a ConfigMap of the
+    run; the launcher creates it before the job (the pod would wait for it), and it goes with the job."""
+    release_values = {"training": {"evaluation": {"enabled": True, "weightsEvery": 5}}}
+    objs = training_objects(job(), PYTORCHJOB, release_values, namespace="ml")
+    assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
+        ("ConfigMap", "lmforge-eval-job-exp-1"), ("PyTorchJob", "lmforge-train-exp-1")]
+    assert json.loads(objs[0]["data"]["job.json"])["kind"] == "Job"
+    running, _, _ = states(PYTORCHJOB)
+    fake, clock = FakeKubernetes(PYTORCHJOB, [running] * 100), FakeClock()
+    with pytest.raises(TrainingTimeout):
+        launcher(PYTORCHJOB, fake, clock, values=release_values).run(job(), timeout_s=15)
+    assert names(fake) == [("ConfigMap", "lmforge-eval-job-exp-1"), ("PyTorchJob", "lmforge-train-exp-1")]
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "lmforge-train-exp-1", "uid": "uid-1"}
+    assert fake.patched == [("ConfigMap", "lmforge-eval-job-exp-1", {"metadata": {"ownerReferences": [owner]}})]
+    assert fake.deleted == [("PyTorchJob", "lmforge-train-exp-1"), ("ConfigMap", "lmforge-eval-job-exp-1")]

@@ -18,10 +18,10 @@ from tests.trainer.helpers import random_output
 MODEL = "model.overrides={n_layer: 2, n_head: 4, n_embd: 64, context_length: 32}"
 
 
-def train_run(run_dir, data, nproc: int, mode: str, batch_size: int):
+def train_run(run_dir, data, nproc: int, mode: str, batch_size: int, *extra: str):
     overrides = [f"data.sources=[{{path: {data}}}]", "data.seq_len=32", f"data.batch_size={batch_size}",
                  f"parallel.mode={mode}", "steps=10", "optim.warmup_steps=2", "optim.lr=0.003", f"run_dir={run_dir}",
-                 MODEL]
+                 MODEL, *extra]
     command = [sys.executable, "-m", "lmforge.trainer.cli", "run", f"--nproc={nproc}", *overrides]
     result = subprocess.run(command, capture_output=True, text=True, timeout=180,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -33,7 +33,10 @@ def train_run(run_dir, data, nproc: int, mode: str, batch_size: int):
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
     data = random_output(tmp / "data")
-    return tmp, data, train_run(tmp / "one", data, 1, "none", 8), train_run(tmp / "fsdp", data, 2, "fsdp", 4)
+    # the FSDP run also writes weights packages from model-only saves (step 9's deferred past its full save)
+    fsdp = train_run(tmp / "fsdp", data, 2, "fsdp", 4, "checkpoint.weights_every=5",
+                     "checkpoint.weights_from_full=false")
+    return tmp, data, train_run(tmp / "one", data, 1, "none", 8), fsdp
 
 
 @pytest.mark.slow
@@ -49,6 +52,23 @@ def test_fsdp_shards_consolidate_to_the_same_weights_as_one_rank(runs):
     assert one.lm_head.weight.data_ptr() == one.wte.weight.data_ptr()
     idx = torch.randint(0, 256, (1, 16))
     assert torch.allclose(one(idx)[0], fsdp(idx)[0], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_fsdp_weights_package_equals_export_of_the_full_checkpoint(runs):
+    import hashlib
+
+    from lmforge.common.checkpoint_layout import committed_steps
+
+    tmp, _, _, sharded = runs
+    weights = sharded.parents[1] / "weights"
+    assert committed_steps(weights) == [4, 9]
+    exported = export(sharded, tmp / "pkg-fsdp-9")
+    for name in ("model.safetensors", "config.json"):
+        assert hashlib.sha256((weights / "step-00000009" / name).read_bytes()).digest() == \
+            hashlib.sha256((exported / name).read_bytes()).digest(), name
+    model, meta = load_package(weights / "step-00000004", require_checksums=True)
+    assert meta["step"] == 4
 
 
 def test_package_files_and_checks(runs):

@@ -280,3 +280,91 @@ def test_the_settings_line_names_the_parallel_mode_or_the_mesh_axes():
     mesh = {"mode": None, "dp_replicate": 2, "dp_shard": -1, "tp": 1}
     assert settings(mesh) == "parallel dp_replicate=2 dp_shard=-1,"
     assert settings({"mode": None, "dp_replicate": 1, "dp_shard": 1}) == "parallel none,"
+
+
+# ---------------------------------------------------------------- checkpoint evaluations (evals.jsonl)
+
+LN_V = 6.238  # ln(512): the held-out loss of a zeroed (uniform) model
+
+
+def evaluated(step: int, acc: float, acc_norm: float, web: float, code: float, *, promoted: bool, best_step: int,
+              regressed: tuple[str, ...] = ()) -> dict:
+    """A `checkpoint_eval` record as the uploader's launcher appends it (metrics_file documents it)."""
+    return {"kind": "checkpoint_eval", "step": step, "tokens": 1000 * (step + 1), "timestamp": 1.7e9 + 200 + step,
+            "package": f"s3://b/run/weights/step-{step:08d}",
+            "heldout": {"web": {"loss": web, "perplexity": 2.718 ** web},
+                        "code": {"loss": code, "perplexity": 2.718 ** code}},
+            "tasks": {"tiny_mc": {"acc": acc, "acc_norm": acc_norm}}, "score": (web + code) / 2,
+            "best_step": best_step, "promoted": promoted, "skipped": False, "regressed": list(regressed)}
+
+
+def write_evals(run_dir: Path) -> None:
+    """Steps 4 and 9 evaluated (each a new best, promoted), 12 skipped, 14 zeroed (every score
+    regressed), 16's job failed, 19 good again (promoted). Written as the launcher writes them."""
+    records = [
+        evaluated(4, 0.5, 0.4, 4.0, 4.5, promoted=True, best_step=4),
+        evaluated(9, 1.0, 0.6, 3.0, 3.5, promoted=True, best_step=9),
+        {"kind": "checkpoint_eval", "step": 12, "timestamp": 1.7e9 + 212, "skipped": True},
+        evaluated(14, 0.25, 0.25, LN_V, LN_V, promoted=False, best_step=9,
+                  regressed=("tiny_mc/acc", "tiny_mc/acc_norm", "heldout/web", "heldout/code")),
+        {"kind": "checkpoint_eval", "step": 16, "timestamp": 1.7e9 + 216, "failed": True, "skipped": False},
+        evaluated(19, 0.95, 0.65, 2.9, 3.4, promoted=True, best_step=19),
+    ]
+    (run_dir / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def stats(text: str) -> dict[str, str]:
+    """The header's figures: label → value."""
+    return {k: v for v, k in re.findall(r'<div class="v">(.*?)</div><div class="k">(.*?)</div>', text)}
+
+
+def test_checkpoint_evaluations_are_drawn_over_tokens_with_the_promoted_and_regressed_checkpoints(tmp_path):
+    write_run(tmp_path)
+    write_evals(tmp_path)
+    text = write_report(tmp_path).read_text()
+    page = Page(text)
+    evals = {"eval_tiny_mc_acc", "eval_tiny_mc_acc_norm", "eval_heldout"}
+    assert evals <= set(page.charts)
+    # per task metric: the score of the 4 evaluated checkpoints, the best so far (a step line: one
+    # more point at each new best), the regressed checkpoint's own point
+    assert page.series["eval_tiny_mc_acc"] == ["4", "5", "1"]  # new bests at steps 9
+    assert page.series["eval_tiny_mc_acc_norm"] == ["4", "6", "1"]  # and 9, 19
+    assert page.series["eval_heldout"] == ["4", "4"]  # web, code
+    for name in evals:
+        marks = {kind: [int(a["data-step"]) for k, a in page.markers[name] if k == kind] for kind in
+                 ("promoted", "regressed")}
+        assert marks == {"promoted": [19], "regressed": [14]}, name
+    assert "step 19 promoted (the best)" in page.titles
+    assert "step 14 regressed (tiny_mc/acc, tiny_mc/acc_norm, heldout/web, heldout/code)" in page.titles
+    assert {"held-out loss, web", "held-out loss, code", "best so far", "regressed score"} <= set(page.titles)
+    counts = {"checkpoints evaluated": "4", "checkpoints skipped / failed": "1 / 1",
+              "best checkpoint step (score)": "19 (3.15)", "promoted checkpoint step": "19"}
+    assert stats(text).items() >= counts.items()
+    # the over-steps charts are unchanged by it
+    assert page.series["loss"] == ["12", "10", "2", "2"]
+
+
+def test_the_best_so_far_line_holds_the_maximum(tmp_path):
+    from lmforge.trainer.report_html import _best_so_far
+
+    assert _best_so_far([(1, 0.5), (2, 1.0), (3, 0.25), (4, 0.95)], max) == [(1, 0.5), (2, 0.5), (2, 1.0), (3, 1.0),
+                                                                             (4, 1.0)]
+    assert _best_so_far([(1, 3.0), (2, 6.2), (3, 2.5)], min) == [(1, 3.0), (2, 3.0), (3, 3.0), (3, 2.5)]
+
+
+def test_a_missing_or_half_written_evals_file_does_not_break_the_report(tmp_path):
+    write_run(tmp_path)
+    page = Page(write_report(tmp_path).read_text())  # no evals.jsonl: no evaluation charts, no counts
+    assert not any(name.startswith("eval_") for name in page.charts)
+    assert "checkpoints evaluated" not in stats(write_report(tmp_path).read_text())
+    write_evals(tmp_path)
+    whole = (tmp_path / "evals.jsonl").read_text()
+    cut = json.dumps(evaluated(24, 0.9, 0.6, 2.8, 3.3, promoted=True, best_step=24))[:57]
+    (tmp_path / "evals.jsonl").write_text(whole + cut)  # the launcher killed mid-line
+    text = write_report(tmp_path).read_text()
+    page = Page(text)
+    assert page.series["eval_tiny_mc_acc"] == ["4", "5", "1"]
+    assert stats(text)["promoted checkpoint step"] == "19"
+    (tmp_path / "evals.jsonl").write_text(cut)  # only a cut line: nothing to draw, still a page
+    page = Page(write_report(tmp_path).read_text())
+    assert not any(name.startswith("eval_") for name in page.charts) and "loss" in page.charts

@@ -32,6 +32,28 @@ def fake_checkpoint(root: Path, step: int, sizes=(12 * MIB, 3 * MIB, 1000), *, c
     return path
 
 
+def fake_weights(root: Path, step: int, *, final: bool = False, tokens: int | None = None) -> Path:
+    """A real (tiny) model package as the trainer commits one in RUN_DIR/weights: write_package's
+    files, meta.json, the commit marker."""
+    import torch
+
+    from lmforge.model.config import GPTConfig
+    from lmforge.model.package import write_package
+    from lmforge.model.transformer import GPT
+
+    torch.manual_seed(step)
+    tokenizer = root.parent / "tokenizer.json"
+    if not tokenizer.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        tokenizer.write_text("{}")
+    model = GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=2, n_embd=16, context_length=8))
+    path = write_package(model, tokenizer, step_dir(root, step), step=step)
+    (path / "meta.json").write_text(json.dumps({"step": step, "tokens": tokens if tokens is not None else step * 100,
+                                                "run": root.parent.name, "val_loss": None, "final": final}))
+    (path / COMMIT_MARKER).write_bytes(b"")
+    return path
+
+
 def uploader_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "lmforge.uploader", *args]
 
@@ -52,14 +74,16 @@ def files_of(path: Path) -> dict[str, bytes]:
     return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-def in_process_uploader(local: Path, dest: str, endpoint_url: str | None = None, *, start: bool = True, **config):
+def in_process_uploader(local: Path, dest: str, endpoint_url: str | None = None, *, start: bool = True,
+                        kind: str = "checkpoints", pinned=None, **config):
     """A CheckpointUploader in this process, started unless start=False (tests drive it with run_once())."""
     from lmforge.uploader.cli import open_destination
     from lmforge.uploader.config import UploaderConfig
     from lmforge.uploader.watcher import CheckpointUploader
 
     config = UploaderConfig.model_validate({"retry_failed_after_seconds": 0, **config})
-    uploader = CheckpointUploader(local, open_destination(dest, config.transfer, endpoint_url=endpoint_url), config)
+    uploader = CheckpointUploader(local, open_destination(dest, config.transfer, endpoint_url=endpoint_url), config,
+                                  kind=kind, pinned=pinned)
     if start:
         uploader.start()
     return uploader

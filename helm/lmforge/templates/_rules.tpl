@@ -430,6 +430,43 @@ Conventions:
           checkpoint); the uploader container's logs carry the full error. Fix the store access before
           lmforge_uploader_pending_checkpoints grows.
         {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeCheckpointUploadFailing") }}
+    # The checkpoint evaluations (lmforge-train eval-checkpoint, pushed per run: the newest
+    # evaluated checkpoint's scores beside the best of the checkpoints up to it). A later good
+    # checkpoint resolves them.
+    - alert: LmforgeEvalTaskRegression
+      expr: lmforge_eval_task_best_score - lmforge_eval_task_score > {{ $t.evalScoreDrop }}
+      for: {{ $override | default $t.evalFor }}
+      labels:
+        severity: warning
+        service: training
+      annotations:
+        summary: {{`'{{ $labels.task }} {{ $labels.metric }} of run {{ $labels.run }} dropped below its best checkpoint'`}}
+        description: >-
+          {{`The newest evaluated checkpoint of run {{ $labels.run }} scores {{ $value | printf "%.3f" }} less on`}}
+          {{`{{ $labels.task }} ({{ $labels.metric }})`}} than the best checkpoint so far (threshold {{ $t.evalScoreDrop }}).
+        runbook: >-
+          Open the run's training report (report.html, section Checkpoint evaluations) or evals.jsonl: one
+          regressed checkpoint among good ones points at that package (the eval job's log, the step's
+          loss); a steady fall with a falling training loss is overfitting or a data-mixture change. The
+          promoted checkpoint is never a regressed one (evals/best.json names it).
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeEvalTaskRegression") }}
+    - alert: LmforgeEvalHeldOutRegression
+      expr: lmforge_eval_heldout_loss - lmforge_eval_heldout_best_loss > {{ $t.evalLossRise }}
+      for: {{ $override | default $t.evalFor }}
+      labels:
+        severity: warning
+        service: training
+      annotations:
+        summary: {{`'Held-out loss on {{ $labels.source }} of run {{ $labels.run }} rose above its best checkpoint'`}}
+        description: >-
+          {{`The newest evaluated checkpoint of run {{ $labels.run }} has a held-out loss on {{ $labels.source }}`}}
+          {{`{{ $value | printf "%.3f" }} nats above the best checkpoint so far`}} (threshold {{ $t.evalLossRise }}).
+        runbook: >-
+          Compare the checkpoint's held-out loss with the training loss of the same step (report.html): a
+          loss near ln(vocabulary size) is a broken package (zeroed or corrupt weights: check the weights
+          package's sha256s and the trainer's log); a rise shared with the training loss is a divergence
+          (LmforgeTrainingLossSpike). Keep serving the promoted checkpoint (evals/best.json).
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeEvalHeldOutRegression") }}
 {{- end }}
 {{- if $d.enabled }}
 # -- Data prep ------------------------------------------------------------------------------

@@ -55,11 +55,58 @@ kueue.x-k8s.io/queue-name: {{ . | quote }}
       "data.cache_dir" "s3:// sources are streamed through a block cache on the /cache volume (training.dataCacheSizeLimit)"
       "metrics.port" "set training.metricsPort"
       "device" "set training.gpusPerProcess (0: cpu, 1: cuda)"
-      "checkpoint.purge_requires_upload" "true exactly when training.uploader.enabled")) }}
+      "checkpoint.purge_requires_upload" "true exactly when training.uploader.enabled"
+      "checkpoint.weights_every" "set training.evaluation.weightsEvery (with training.evaluation.enabled)"
+      "checkpoint.weights_every_minutes" "set training.evaluation.weightsEveryMinutes (with training.evaluation.enabled)"
+      "checkpoint.weights_keep" "set training.evaluation.weightsKeep (with training.evaluation.enabled)")) }}
 {{- include "lmforge.checkOwned" (dict "section" "training.uploader.config" "values" $t.uploader.config "owned" (dict
       "metrics_port" "set training.uploader.metricsPort"
       "grace_seconds" "set training.uploader.graceSeconds"
-      "identity" "the chart names each sidecar after its pod")) }}
+      "identity" "the chart names each sidecar after its pod"
+      "evaluation" "set training.evaluation")) }}
+{{- include "lmforge.evaluationChecks" . }}
+{{- end -}}
+
+{{/* What evaluation branches (training.evaluation) need of the values; nothing when they are off. */}}
+{{- define "lmforge.evaluationChecks" -}}
+{{- $t := .Values.training -}}
+{{- $e := $t.evaluation -}}
+{{- if $e.enabled }}
+{{- if not $t.uploader.enabled }}
+{{- fail "training.evaluation needs training.uploader.enabled: the uploader sidecar uploads the weights packages and launches their evaluation Jobs" }}
+{{- end }}
+{{- if not (or (gt (int $e.weightsEvery) 0) (gt (float64 $e.weightsEveryMinutes) 0.0)) }}
+{{- fail "training.evaluation: set weightsEvery (steps) or weightsEveryMinutes, or both: with neither only the final step is evaluated" }}
+{{- end }}
+{{- if and (eq $e.promote.mode "pointer") (not (and $e.promote.pointer $e.promote.modelsStore)) }}
+{{- fail "training.evaluation.promote.mode pointer copies the best package under training.evaluation.promote.modelsStore and points training.evaluation.promote.pointer at it: set both" }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The name of the run's evaluation Job template ConfigMap: <fullname>-eval-job-<run>. */}}
+{{- define "lmforge.evalJobTemplateName" -}}
+{{- include "lmforge.runName" (dict "root" . "component" "eval-job" "run" .Values.training.run) -}}
+{{- end -}}
+
+{{/* The uploader sidecar's evaluation config (UploaderConfig.evaluation) as --set overrides. */}}
+{{- define "lmforge.uploaderEvaluationOverrides" -}}
+{{- $e := .Values.training.evaluation -}}
+{{- $rules := .Values.alerts.training -}}
+{{- $evaluation := dict
+      "enabled" true
+      "runner" "kubernetes"
+      "job_template" "/etc/lmforge/eval-job/job.json"
+      "max_concurrent" (int $e.maxConcurrent)
+      "score" $e.score
+      "mode" $e.mode
+      "score_drop" $rules.evalScoreDrop
+      "loss_rise" $rules.evalLossRise
+      "promote" $e.promote.mode
+      "pointer" ($e.promote.pointer | default "")
+      "models_store" ($e.promote.modelsStore | default "")
+      "run" .Values.training.run -}}
+{{- include "lmforge.overrides" (dict "values" (dict "evaluation" $evaluation "weights_keep" (int $e.weightsKeep)) "flag" "--set") -}}
 {{- end -}}
 
 {{/* LMFORGE_NODE_RANK: a TrainJob pod's node rank, its Indexed Job's completion index (what

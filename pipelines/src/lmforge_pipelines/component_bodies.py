@@ -364,54 +364,46 @@ def export_model(*, run_uri: str, step: int, models_store: str, version: str) ->
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _local_split(data: str, split: str, cache: Path) -> Path:
-    """A local directory holding `data`'s manifest.json, its `split` index and shards (downloaded
-    from s3:// into `cache`; nothing else is fetched)."""
-    from lmforge.common.s3_store import S3Store
-    from lmforge.common.shard_index import MANIFEST, parse_manifest, read_split_index
+def export_run_model(*, run: str, run_uri: str, step: int, models_store: str) -> tuple[str, int]:
+    """The run's serving package at <models_store>/<run>-step<N> and its step N: the best evaluated
+    checkpoint's when the run had evaluation branches (<run_uri>/evals/best.json: the package its
+    promotion copied, else a verified copy of its weights package), else the checkpoint of `step`
+    (the final one) exported."""
+    from lmforge_pipelines.evaluated_model import copy_package, evals_best, weights_package
 
-    if _store_is_local(data):
-        return _local(data)
-    store = S3Store(data, cache)
-    manifest = parse_manifest(store.local_path(MANIFEST).read_bytes(), store.join(MANIFEST))
-    for entry in read_split_index(manifest, split, lambda rel: store.local_path(rel).read_bytes(), data):
-        store.local_path(entry.path)
-    return cache
+    best = evals_best(run_uri)
+    if best is None:
+        return export_model(run_uri=run_uri, step=step, models_store=models_store, version=f"{run}-step{step}"), step
+    chosen = best["step"]
+    print(f"{run_uri}/evals/best.json: step {chosen} scored best ({best.get('score')}); the final step is {step}",
+          flush=True)
+    if best.get("promoted_to"):
+        return str(best["promoted_to"]), chosen
+    source = best.get("package") or weights_package(run_uri, chosen)
+    return copy_package(source, f"{models_store.rstrip('/')}/{run}-step{chosen}"), chosen
 
 
 def evaluate(*, model_uri: str, data: str, max_sequences: int = 256, batch_size: int = 8,
              seq_len: int = 0) -> dict[str, float]:
     """Held-out evaluation of the exported package: mean next-token cross-entropy over the first
     `max_sequences` windows of seq_len + 1 tokens of the data's val shards (the same windows every
-    time, so runs compare). seq_len 0 = the model's context length."""
-    import numpy as np
-    import torch
-
+    time, so runs compare). seq_len 0 = the model's context length. The same held-out loss as the
+    checkpoint evaluation job's (lmforge.trainer.checkpoint_eval: val_source, heldout_loss)."""
     from lmforge.model.package import fetch_package, load_package
-    from lmforge.trainer.data import ShardSource
+    from lmforge.trainer.checkpoint_eval import heldout_loss, val_source
 
     work = Path(tempfile.mkdtemp(prefix="lmforge-eval-"))
     try:
         model, meta = load_package(fetch_package(model_uri, work / "model"))
         length = min(seq_len or model.config.context_length, model.config.context_length)
-        source = ShardSource(_local_split(data, "val", work / "data"), "val", length)
+        source = val_source(data, work / "data", length)
         if source.tokenizer_sha256 != meta["tokenizer_sha256"]:
             raise StepError(f"{data} was tokenized with another tokenizer than the model {model_uri} was trained with")
-        count = min(max_sequences, source.num_sequences)
-        total, tokens = 0.0, 0
-        with torch.no_grad():
-            for start in range(0, count, batch_size):
-                rows = [source.sequence(i) for i in range(start, min(start + batch_size, count))]
-                batch = torch.from_numpy(np.stack(rows))
-                _, loss = model(batch[:, :-1], batch[:, 1:])
-                n = batch.shape[0] * length
-                total += float(loss) * n
-                tokens += n
-        val_loss = total / tokens
-        if not math.isfinite(val_loss):
-            raise StepError(f"val loss of {model_uri} is not finite ({val_loss})")
-        return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)), "val_tokens": float(tokens),
-                "val_sequences": float(count), "step": float(meta.get("step", -1))}
+        result = heldout_loss(model, source, max_sequences, batch_size)
+        if not math.isfinite(result.loss):
+            raise StepError(f"val loss of {model_uri} is not finite ({result.loss})")
+        return {"val_loss": result.loss, "val_perplexity": result.perplexity, "val_tokens": float(result.tokens),
+                "val_sequences": float(result.sequences), "step": float(meta.get("step", -1))}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -125,13 +125,15 @@ def train_model(run_name: str, job_id: str, data: str, model_preset: str, steps:
 
 @dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
 def export_model(run: str, run_uri: str, step: int, models_store: str, model: Output[Model]) -> str:
-    """The final checkpoint → the serving package at <models_store>/<run>-step<step>; `model`
-    records where it is (the package itself is not copied into the pipeline root)."""
+    """The serving package at <models_store>/<run>-step<N>: the best evaluated checkpoint's when the
+    run had evaluation branches (<run_uri>/evals/best.json), else the final checkpoint (`step`)
+    exported; `model` records where it is and its step (the package itself is not copied into the
+    pipeline root)."""
     import json
 
     from lmforge_pipelines import component_bodies as bodies
 
-    uri = bodies.export_model(run_uri=run_uri, step=step, models_store=models_store, version=f"{run}-step{step}")
+    uri, step = bodies.export_run_model(run=run, run_uri=run_uri, step=step, models_store=models_store)
     model.metadata.update({"uri": uri, "run": run, "step": step})
     with open(model.path, "w", encoding="utf-8") as f:
         json.dump({"uri": uri, "run": run, "step": step}, f)

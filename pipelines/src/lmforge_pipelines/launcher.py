@@ -141,6 +141,9 @@ TRAINJOB = Operator(
     rank0_pods="jobset.sigs.k8s.io/jobset-name={name},batch.kubernetes.io/job-completion-index=0",
     trainer_container="node")
 OPERATORS = {operator.name: operator for operator in (PYTORCHJOB, TRAINJOB)}
+# The run's own ConfigMaps (e.g. its evaluation Job template, training.evaluation): core API objects
+# created before the job and owned by it, like the operator's prerequisites.
+RUN_CONFIGMAP = Resource("", "v1", "configmaps", "ConfigMap")
 
 # training.* values the launcher sets from the run; the rest come from the release's values.
 LAUNCHER_VALUES = ("enabled", "operator", "run", "objectStore", "nodes", "nprocPerNode", "gpusPerProcess", "config")
@@ -181,20 +184,26 @@ def _replacing(defaults: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str,
 
 def training_objects(job: TrainingJob, operator: Operator, values: Mapping[str, Any] | None = None, *,
                      release: str = "lmforge", namespace: str = "lmforge", chart: Path | None = None) -> list[dict]:
-    """The run's objects from the chart's training templates, in creation order: the operator's
-    prerequisites, then the job. Helm's hook annotations are dropped (the launcher, not Helm,
-    creates them), and they are labelled managed by lmforge-pipelines. A value the chart refuses
-    raises helm_python's HelmValuesError / HelmRenderError with the chart's message."""
+    """The run's objects from the chart's training templates, in creation order: the run's
+    ConfigMaps (any number), the operator's prerequisites, then the job. Helm's hook annotations
+    are dropped (the launcher, not Helm, creates them), and they are labelled managed by
+    lmforge-pipelines. A value the chart refuses raises helm_python's HelmValuesError /
+    HelmRenderError with the chart's message."""
     from lmforge_pipelines.chart import render
 
     rendered = render(chart_values(job, operator, values, chart), release=release, namespace=namespace, chart=chart)
-    objects = []
+    def of_run(kind: str) -> list[dict]:
+        return [o for o in rendered if o["kind"] == kind
+                and (o["metadata"].get("annotations") or {}).get(RUN_ANNOTATION) == job.run]
+
+    ours = of_run(RUN_CONFIGMAP.kind)
     for resource in (*operator.prerequisites, operator.job):
-        found = [o for o in rendered if o["kind"] == resource.kind
-                 and (o["metadata"].get("annotations") or {}).get(RUN_ANNOTATION) == job.run]
+        found = of_run(resource.kind)
         if len(found) != 1:
             raise RuntimeError(f"the chart rendered {len(found)} {resource.kind} objects for run {job.run!r}, not 1")
-        obj = found[0]
+        ours.append(found[0])
+    objects = []
+    for obj in ours:
         metadata = obj["metadata"]
         metadata["annotations"] = {k: v for k, v in metadata["annotations"].items() if not k.startswith("helm.sh/")}
         metadata["labels"]["app.kubernetes.io/managed-by"] = MANAGED_BY
@@ -272,20 +281,23 @@ class KubernetesLauncher(TrainingLauncher):
                                  f"no complete checkpoint ({MANIFEST})")
         return TrainingResult(job.run_uri, step)
 
+    def resource(self, obj: dict) -> Resource:
+        kinds = {r.kind: r for r in (RUN_CONFIGMAP, *self.operator.prerequisites, self.operator.job)}
+        return kinds[obj["kind"]]
+
     def launch(self, objects: list[dict]) -> None:
         """Create the prerequisites, then the job; then make the job their owner, so that they go
         when it is deleted."""
         *prerequisites, body = objects
-        for resource, obj in zip(self.operator.prerequisites, prerequisites, strict=True):
-            self._create(resource, obj)
+        for obj in prerequisites:
+            self._create(self.resource(obj), obj)
         created = self._create(self.operator.job, body)
         owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": body["metadata"]["name"],
                  "uid": (created.get("metadata") or {}).get("uid")}
-        for resource, obj in zip(self.operator.prerequisites, prerequisites, strict=True):
+        for obj in prerequisites:
+            resource = self.resource(obj)
             try:
-                self.custom.patch_namespaced_custom_object(resource.group, resource.version, self.namespace,
-                                                           resource.plural, obj["metadata"]["name"],
-                                                           {"metadata": {"ownerReferences": [owner]}})
+                self._api(resource, "patch", obj["metadata"]["name"], {"metadata": {"ownerReferences": [owner]}})
             except Exception as exc:  # the run goes on; only the clean-up is left to whoever deletes the job
                 self.log(f"could not make {body['kind']} {body['metadata']['name']} the owner of {resource.kind} "
                          f"{obj['metadata']['name']}: {exc}")
@@ -295,21 +307,31 @@ class KubernetesLauncher(TrainingLauncher):
         that one; when it exists for another run, fail."""
         name = body["metadata"]["name"]
         try:
-            created = self.custom.create_namespaced_custom_object(resource.group, resource.version, self.namespace,
-                                                                  resource.plural, body)
+            created = self._api(resource, "create", body)
             self.log(f"created {resource.kind} {self.namespace}/{name}")
             return created
         except Exception as exc:
             if _status_code(exc) != 409:
                 raise
-            existing = self.custom.get_namespaced_custom_object(resource.group, resource.version, self.namespace,
-                                                                resource.plural, name)
+            existing = self._api(resource, "get", name)
+            existing = existing if isinstance(existing, dict) else existing.to_dict()
             run = ((existing.get("metadata") or {}).get("annotations") or {}).get(RUN_ANNOTATION)
             if run != body["metadata"]["annotations"][RUN_ANNOTATION]:
                 raise TrainingFailed(f"{resource.kind} {self.namespace}/{name} already exists for another run "
                                      f"({run!r})") from exc
             self.log(f"{resource.kind} {self.namespace}/{name} already exists for this run: using it")
             return existing
+
+    def _api(self, resource: Resource, verb: str, *args):
+        """`verb` (create, get, patch, delete) on a custom resource, or on a ConfigMap through the core API."""
+        if resource is RUN_CONFIGMAP:
+            method = getattr(self.core, f"{verb}_namespaced_config_map")
+            if verb == "create":
+                return method(self.namespace, *args)
+            return method(args[0], self.namespace, *args[1:])
+        method = getattr(self.custom, f"{verb}_namespaced_custom_object")
+        extra = {"propagation_policy": "Background"} if verb == "delete" else {}
+        return method(resource.group, resource.version, self.namespace, resource.plural, *args, **extra)
 
     def wait(self, name: str, deadline: float) -> dict:
         """Poll until the job succeeded (returns it) or failed (raises with the log tail)."""
@@ -371,12 +393,10 @@ class KubernetesLauncher(TrainingLauncher):
 
     def delete(self, objects: list[dict]) -> None:
         """Delete the job, then its prerequisites (their owner reference may not have been set)."""
-        resources = (*self.operator.prerequisites, self.operator.job)
-        for resource, obj in reversed(list(zip(resources, objects, strict=True))):
-            name = obj["metadata"]["name"]
+        for obj in reversed(objects):
+            resource, name = self.resource(obj), obj["metadata"]["name"]
             try:
-                self.custom.delete_namespaced_custom_object(resource.group, resource.version, self.namespace,
-                                                            resource.plural, name, propagation_policy="Background")
+                self._api(resource, "delete", name)
                 self.log(f"deleted {resource.kind} {self.namespace}/{name}")
             except Exception as exc:
                 if _status_code(exc) != 404:

@@ -12,6 +12,13 @@ container and the checkpoint uploader sidecar) and submits it, so the pipeline s
 chart's pipeline-runner identity; checkpoints go to <checkpoint_store>/<run>/. launcher "local"
 (kfp.local, tests) runs torchrun here with nodes × gpus_per_node processes and keeps the
 checkpoints in the local directory <checkpoint_store>/<run>/.
+
+Evaluation branches: with training.evaluation enabled in `chart_values` (and in the release, which
+holds its task files and the Role the sidecar creates Jobs with), the run's trainer writes weights
+packages on that cadence and its uploader sidecar evaluates each in a Job of its own while training
+goes on. The export step then publishes the best evaluated one (<run>/evals/best.json,
+evaluated_model.py) rather than the final checkpoint; without that file it exports the final
+checkpoint. The evaluation and the rollout (with its canary gate) that follow are the same either way.
 """
 
 from typing import NamedTuple
@@ -79,10 +86,12 @@ def train_pipeline(
         namespace: Namespace of the training job and of the inference Deployment (the lmforge release's).
         release: The lmforge Helm release: its ServiceAccount, labels and names.
         chart_values: The release's lmforge chart values the training job is rendered with (image, s3,
-            training.checkpoints, training.scheduling, resources…; not training.run, nodes or config,
-            which come from the other parameters).
+            training.checkpoints, training.scheduling, training.evaluation, resources…; not training.run,
+            nodes or config, which come from the other parameters). With training.evaluation enabled the
+            best evaluated checkpoint is exported instead of the final one.
         checkpoint_store: Object-store prefix of runs (the uploader sidecar's destination).
-        models_store: Where exported model packages go (<models_store>/<run>-step<N>).
+        models_store: Where exported model packages go (<models_store>/<run>-step<N>; N: the final step, or
+            the best evaluated one).
         timeout_hours: The training run fails (and its training job is deleted) after this long.
         eval_sequences: Held-out val sequences the evaluation averages over.
         rollout: Roll the inference service to the new model: point model_pointer at it, wait until every

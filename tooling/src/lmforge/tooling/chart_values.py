@@ -298,6 +298,39 @@ class Scheduling(Section, total=False):
     volcano: Required[Annotated[Volcano, Field(description="the Volcano scheduler with a PodGroup per job")]]
 
 
+class EvaluationPromote(Section, total=False):
+    mode: Required[Annotated[Literal["off", "pointer", "propose"], Field(description=(
+        "off: only record the best step; pointer: copy the best package under modelsStore and point `pointer` at "
+        "it; propose: record it as proposed (evals/proposal.json)"))]]
+    pointer: Annotated[str, Field(description='the model pointer URI (mode pointer; "" = none)')]
+    modelsStore: Annotated[str, Field(description="URI prefix promoted packages are copied under")]
+
+
+class TrainingEvaluation(Section, total=False):
+    enabled: Required[Annotated[bool, Field(description="weights packages while training, an evaluation Job each")]]
+    weightsEvery: Required[Annotated[int, Field(ge=0, description="a weights package every N steps (0: off)")]]
+    weightsEveryMinutes: Required[Annotated[float, Field(ge=0, description=(
+        "a weights package every M minutes of rank 0's clock (0: off)"))]]
+    weightsKeep: Required[Annotated[int, Field(ge=1, description="weights packages kept on the pod's volume")]]
+    maxConcurrent: Required[Annotated[int, Field(ge=1, le=64, description="evaluation Jobs at once")]]
+    tasks: Annotated[dict[str, str], Field(description=(
+        "lm-evaluation-harness task files (YAML, JSONL) by file name, mounted at /etc/lmforge/eval-tasks"))]
+    maxSequences: Required[Annotated[int, Field(ge=1, description="held-out sequences per data source")]]
+    score: Required[Annotated[str, Field(pattern=r"^[^/\s]+/[^/\s]+$", description=(
+        'what "best" means: "task/metric" or heldout/loss'))]]
+    mode: Required[Annotated[Literal["max", "min"], Field(description="higher (max) or lower (min) score is better")]]
+    promote: Required[Annotated[EvaluationPromote, Field(description="what happens to the best package")]]
+    image: Annotated[str, Field(description='image of the evaluation Jobs ("" = the trainer image)')]
+    gpus: Annotated[int, Field(ge=0, le=8, description="GPUs per evaluation Job (0: CPU)")]
+    resources: Required[Annotated[Resources, Field(description="resources of the evaluation container")]]
+    activeDeadlineSeconds: Annotated[int, Field(ge=1, description="an evaluation Job's deadline")]
+    backoffLimit: Annotated[int, Field(ge=0, description="retries (object store unreachable, pod disrupted)")]
+    ttlSecondsAfterFinished: Annotated[int, Field(ge=0, description="finished Jobs are deleted after this long")]
+    tmpSizeLimit: Annotated[str, Field(pattern=QUANTITY, description="size limit of the Job's /tmp emptyDir")]
+    nodeSelector: Annotated[Labels, Field(description="evaluation pods' nodeSelector")]
+    tolerations: Annotated[list[Object], Field(description="evaluation pods' tolerations")]
+
+
 class Training(PodPlacement, total=False):
     enabled: Required[Annotated[bool, Field(description="run training from the chart")]]
     operator: Required[Annotated[Literal["pytorchjob", "trainjob"], Field(description=(
@@ -333,6 +366,8 @@ class Training(PodPlacement, total=False):
     uploader: Required[Annotated[Uploader, Field(description="the restore init container and the uploader sidecar")]]
     scheduling: Required[Annotated[Scheduling, Field(description=(
         "gang scheduling: all of the job's pods start together or none does (Kueue or Volcano, not both)"))]]
+    evaluation: Annotated[TrainingEvaluation, Field(description=(
+        "evaluation branches: weights packages while training, a Kubernetes Job evaluating each, the best promoted"))]
 
 
 # -- inference -----------------------------------------------------------------------------------------
@@ -608,6 +643,11 @@ class TrainingAlerts(Section, total=False):
     nonfinite: Annotated[NonFiniteAlert, Field(description="LmforgeTrainingNonFiniteSteps")]
     mfu: Annotated[MfuAlert, Field(description="LmforgeTrainingMFULow")]
     checkpointUpload: Annotated[CheckpointUploadAlerts, Field(description="checkpoint upload alerts")]
+    evalScoreDrop: Annotated[float, Field(ge=0, description="LmforgeEvalTaskRegression: a task score below its "
+                                          "best so far by more than this (the uploader's records use it too)")]
+    evalLossRise: Annotated[float, Field(ge=0, description="LmforgeEvalHeldOutRegression: a held-out loss above "
+                                         "its best so far by more than this, in nats")]
+    evalFor: Holds
 
 
 class DropRateAlert(Section, total=False):

@@ -43,6 +43,11 @@ class TrainSection(StrictModel):
         "plain", description="plain: one stage; curriculum: seq_len for the first half of the tokens, then twice "
         "that with document masking and a 4x RoPE base, then an anneal stage over WSD's decay (the last 20%)")
     bucket: str = Field("lmforge-demo", description="the local S3 bucket checkpoints are uploaded to")
+    weights_every: int = Field(50, ge=0, description="a weights-only checkpoint every N steps (and at the last), "
+                               "each evaluated by a job the uploader sidecar launches (0: none)")
+    eval_max_concurrent: int = Field(1, ge=1, description="evaluation jobs at once (two CPU cores: one)")
+    break_last_weights: bool = Field(True, description="zero the last weights checkpoint (the trainer's fault "
+                                     "injection): its held-out loss regresses, the alert fires, it is not promoted")
 
     @model_validator(mode="after")
     def _interrupt_between_checkpoint_and_end(self) -> TrainSection:

@@ -62,6 +62,26 @@ def metric_names(expr: str) -> set[str]:
     return set(METRIC_NAME.findall(expr))
 
 
+# A query variable's definition: label_values(<series selector>, <label>).
+LABEL_VALUES = re.compile(r"^\s*label_values\((?P<selector>.+),\s*(?P<label>\w+)\s*\)\s*$", re.S)
+
+
+def repeat_of(dashboard: dict[str, Any], panel: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(variable, series selector, label) of a panel Grafana repeats once per value of a query
+    variable defined by label_values(selector, label) (the selector's own variables substituted),
+    None for a panel drawn once."""
+    name = panel.get("repeat")
+    variable = next((v for v in dashboard.get("templating", {}).get("list", []) if v.get("name") == name), None)
+    match = LABEL_VALUES.match(variable.get("definition", "")) if name and variable else None
+    return (name, substitute(match["selector"]), match["label"]) if match else None
+
+
+def regex_value(value: str) -> str:
+    """`value` as Grafana writes one value of a variable into a PromQL regex matcher (=~"…"):
+    regex metacharacters escaped, the backslash doubled for the PromQL string."""
+    return re.sub(r"[\\$^*{}\[\]'+?.()|]", lambda m: "\\\\" + m.group(0).replace("\\", "\\\\"), value)
+
+
 def requires_of(panel: dict[str, Any]) -> str | None:
     """The panel's "lmforge": {"requires": ...} ("gpu": it has data only where a GPU is present)."""
     return panel.get("lmforge", {}).get("requires")

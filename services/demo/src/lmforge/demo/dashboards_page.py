@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmforge.common.atomic_files import atomic_write_bytes
-from lmforge.demo.dashboards import load_dashboards, panel_targets, panels, requires_of, unit_of
+from lmforge.demo.dashboards import (
+    load_dashboards,
+    panel_targets,
+    panels,
+    regex_value,
+    repeat_of,
+    requires_of,
+    substitute,
+    unit_of,
+)
 from lmforge.demo.prometheus import query_range
 from lmforge.demo.stat_panel import StatStyle, StatValue, stat_values
 from lmforge.pages.formatting import byte_size, number, short_duration
@@ -110,18 +119,44 @@ def panel_of(spec: dict) -> Panel:
     return Panel(spec.get("title", ""), kind, unit_of(spec), requires_of(spec), stat=stat)
 
 
+def label_values(prometheus: str, selector: str, label: str, start: float, end: float, step: float) -> list[str]:
+    """The values `label` takes on the series of `selector` over [start, end], sorted (Grafana's
+    label_values(selector, label) over the dashboard's time range)."""
+    result = query_range(prometheus, f"group by ({label}) ({selector})", start, end, step)
+    return sorted({r["metric"][label] for r in result if r.get("metric", {}).get(label)})
+
+
+def repeated(prometheus: str, spec: dict, panel: dict, start: float, end: float, step: float,
+             **macros: str) -> list[tuple[dict, dict[str, str]]]:
+    """(panel, macros) for each copy Grafana draws of `panel`: one per value of its `repeat`
+    variable (every value: the variables' default is All), its title and matchers given that
+    value; the panel once, unchanged, when it does not repeat or the values cannot be asked."""
+    repeat = repeat_of(spec, panel)
+    if repeat is None:
+        return [(panel, macros)]
+    variable, selector, label = repeat
+    try:
+        values = label_values(prometheus, selector, label, start, end, step)
+    except Exception:  # noqa: BLE001 - drawn once, its own queries then show the error
+        values = []
+    return [({**panel, "title": substitute(panel.get("title", ""), **{variable: value})},
+             {**macros, variable: regex_value(value)}) for value in values] or [(panel, macros)]
+
+
 def fetch(prometheus: str, start: float, end: float, step: float, **macros: str) -> list[Dashboard]:
     """Every panel of every dashboard, its targets asked as range queries over [start, end]
-    (GPU-only panels' targets are listed, not asked: their series exist only where a GPU is)."""
+    (GPU-only panels' targets are listed, not asked: their series exist only where a GPU is).
+    A repeated panel is drawn once per value of its variable, as Grafana draws it."""
     dashboards = []
     for name, spec in load_dashboards().items():
         drawn = []
-        for panel in panels(spec):
+        copies = (copy for p in panels(spec) for copy in repeated(prometheus, spec, p, start, end, step, **macros))
+        for panel, values in copies:
             view = panel_of(panel)
             drawn.append(view)
             if view.kind == "row":
                 continue
-            for expr, fmt in panel_targets(panel, **macros):
+            for expr, fmt in panel_targets(panel, **values):
                 target = Target(expr)
                 view.targets.append(target)
                 if view.requires == "gpu":

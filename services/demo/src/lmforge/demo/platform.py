@@ -17,6 +17,7 @@ from lmforge.demo.processes import Supervisor, free_port, stop_recorded
 from lmforge.demo.progress import Progress
 from lmforge.demo.stages.corpus import make_corpus
 from lmforge.demo.stages.data import read_prepared, run_data_pipeline
+from lmforge.demo.stages.evaluation import REGRESSION_ALERT, evaluation_line, evaluation_summary, wait_for_alert
 from lmforge.demo.stages.observe import Monitoring, check_dashboards, start_monitoring
 from lmforge.demo.stages.serve import (
     MODEL_NAME,
@@ -55,7 +56,7 @@ class LocalPlatform:
         corpus = self._corpus_and_data()
         training = self._train()
         serving = self._serve(training)
-        dashboards = self._observe()
+        dashboards = self._observe(training)
         self.summary = self._summarize(corpus, training, serving, dashboards)
         return self.summary
 
@@ -118,13 +119,16 @@ class LocalPlatform:
             with staged(self.workdir, "train") as staging:
                 outcome = train_with_interruption(self.supervisor, train, self.workdir / "data", staging / "train",
                                                   endpoint, self.ports["trainer"], self.ports["uploader"],
-                                                  self.progress.note)
+                                                  self.monitoring.pushgateway, self.progress.note)
             self.progress.note(f"attempt 2 recomputed steps {outcome.compared_steps[0]}–{outcome.compared_steps[-1]} "
                                "with losses identical to attempt 1's")
             run_dir = self.workdir / "train" / outcome.run_dir.name  # where the step's output now is
             self.progress.note(f"final train loss {outcome.final_loss:.3f}, val loss {outcome.final_val_loss:.3f}, "
                                f"{outcome.tokens_per_second:,.0f} tokens/s; {len(outcome.uploaded_steps)} "
                                f"checkpoints in S3; training report: {run_dir / outcome.report.name}")
+            evaluation = evaluation_summary(outcome)
+            if evaluation["packages"]:
+                self.progress.note(evaluation_line(evaluation))
         return {"preset": train.preset, "nproc": train.nproc, "mode": mode, "steps": train.steps,
                 "final_loss": outcome.final_loss, "final_val_loss": outcome.final_val_loss,
                 "tokens_per_second": outcome.tokens_per_second, "interrupted_at": outcome.interrupted_at,
@@ -133,7 +137,8 @@ class LocalPlatform:
                 "max_loss_difference": outcome.max_loss_difference, "identical": outcome.identical,
                 "checkpoint_uris": outcome.checkpoint_uris, "uploaded_steps": outcome.uploaded_steps,
                 "destination": outcome.destination, "s3_endpoint": endpoint, "run_dir": str(run_dir),
-                "metrics": str(run_dir / "metrics.jsonl"), "report": str(run_dir / outcome.report.name)}
+                "metrics": str(run_dir / "metrics.jsonl"), "report": str(run_dir / outcome.report.name),
+                "evaluation": evaluation}
 
     def _serve(self, training: dict[str, Any]) -> dict[str, Any]:
         serve = self.config.serve
@@ -161,8 +166,14 @@ class LocalPlatform:
                                                  "score": canary.score, "baseline": str(canary.baseline),
                                                  "eval_set": str(canary.eval_set)}}
 
-    def _observe(self) -> dict[str, Any]:
+    def _observe(self, training: dict[str, Any]) -> dict[str, Any]:
         with self.progress.stage(6, "Observability: the dashboards' queries against Prometheus"):
+            zeroed = training["evaluation"]["zeroed_step"]
+            if zeroed is not None and training["evaluation"]["packages"]:
+                fired = wait_for_alert(self.monitoring.prometheus, REGRESSION_ALERT, timeout=60)
+                training["evaluation"]["alert"] = REGRESSION_ALERT if fired else None
+                self.progress.note(f"{REGRESSION_ALERT} {'firing' if fired else 'did NOT fire'} for the zeroed "
+                                   f"weights checkpoint of step {zeroed}")
             check = check_dashboards(self.monitoring, self.config.observe,
                                      settle_seconds=2 * _seconds(self.config.observe.scrape_interval) + 1,
                                      page=self.workdir / "observe" / "dashboards.html")

@@ -18,6 +18,17 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def _evaluation_lines(evaluation: dict[str, Any] | None) -> list[str]:
+    if not evaluation or not evaluation["packages"]:
+        return []
+    from lmforge.demo.stages.evaluation import evaluation_line
+
+    alert = (f"; {evaluation['alert']} fired in Prometheus" if evaluation.get("alert")
+             else " (the regression alert did not fire)" if evaluation["zeroed_step"] is not None else "")
+    return [f"Evaluation  {evaluation_line(evaluation)}{alert}",
+            "            scores per checkpoint over tokens: the training report's \"Checkpoint evaluations\""]
+
+
 def render(summary: dict[str, Any]) -> str:
     data, train, serve, canary, dash, look = (summary[k] for k in ("data", "train", "serve", "canary",
                                                                    "dashboards", "where"))
@@ -41,6 +52,7 @@ def render(summary: dict[str, Any]) -> str:
         f"(max difference {train['max_loss_difference']})",
         f"            checkpoints in S3 ({train['s3_endpoint']}):",
         checkpoints,
+        *_evaluation_lines(train.get("evaluation")),
         f"Serving     {serve['url']} ({serve['model']}): TTFT {serve['ttft_ms']:.0f} ms, TPOT {serve['tpot_ms']:.1f} ms"
         " (means over every request so far)",
         *[f"            {'(streamed) ' if c['streamed'] else ''}{c['prompt']!r} → {c['text'][:70]!r}"

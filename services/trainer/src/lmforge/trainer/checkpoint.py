@@ -125,6 +125,9 @@ class Checkpointer:
         self.async_save = async_save
         self.last_committed_step: int | None = None
         self._pending: _Pending | None = None
+        # Steps retention leaves alone for now (rank 0): a weights package being consolidated from one
+        # (lmforge.trainer.weights_checkpoint). The weights saver adds and discards; a set's add/discard is atomic.
+        self.pinned: set[int] = set()
         self._log = get_logger("trainer", rank=_rank())
         self._group = self._stager = None
         if async_save:
@@ -138,6 +141,12 @@ class Checkpointer:
     @property
     def in_flight(self) -> bool:
         return self._pending is not None
+
+    @property
+    def group(self):
+        """The gloo group async saves write over (None: the default one, or no process group); the
+        weights saver's model-only saves use it too, never while a save of this checkpointer is in flight."""
+        return self._group
 
     def save(self, step: int, model, optimizer, meta: dict, *, val_loss: float | None = None,
              is_best: bool = False) -> float:
@@ -201,7 +210,7 @@ class Checkpointer:
             atomic_write_bytes(self.root / BEST_FILE, json.dumps(best).encode())
         best = best_checkpoint(self.root)
         for old in committed_steps(self.root)[: -self.keep]:
-            if best is not None and old == best["step"]:
+            if (best is not None and old == best["step"]) or old in self.pinned:
                 continue
             if self.purge_requires_upload and not safe_to_delete(self.root, old):
                 continue  # not in the store its UPLOADED marker names (checked there); the sidecar frees it later

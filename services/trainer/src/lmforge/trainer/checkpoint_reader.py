@@ -202,14 +202,16 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def load_state(state: dict, reader: SafeFileSystemReader) -> None:
+def load_state(state: dict, reader: SafeFileSystemReader, *, no_dist: bool = False) -> None:
     """dcp.load into `state` (collective when a process group exists: DCP makes every rank
-    raise if any rank fails), with DCP's multi-rank exception reduced to our one-line error."""
+    raise if any rank fails), with DCP's multi-rank exception reduced to our one-line error.
+    no_dist: this process alone reads every shard, even inside a process group (the trainer's
+    rank 0 consolidating a weights package beside training)."""
     reader.verify()  # before DCP, which would log the failure with a traceback and try other files
     try:
         with warnings.catch_warnings():  # the exporter loads in one process, as it means to
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=no_dist)
     except CheckpointException as exc:
         failures = [failure[0] if isinstance(failure, tuple) else failure for failure in exc.failures.values()]
         for failure in failures:

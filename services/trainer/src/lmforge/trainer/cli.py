@@ -1,6 +1,7 @@
 """`lmforge-train`: `run` and `preflight` start torchrun for you; `export` writes the serving package;
 `report` draws a run's report.html from its metrics.jsonl; `plan` plans a run's cluster layout;
-`presets` prints the model presets' sizes."""
+`presets` prints the model presets' sizes; `eval-checkpoint` evaluates a weights checkpoint
+(lmforge.trainer.checkpoint_eval)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from lmforge.common.cli import ServiceCli
 from lmforge.common.errors import InputError
 from lmforge.common.logging import get_logger
+from lmforge.trainer.checkpoint_eval import add_arguments as add_eval_arguments
 from lmforge.trainer.planner.command import add_arguments as add_plan_arguments
 from lmforge.trainer.process_exit import frozen_exit
 
@@ -32,6 +34,12 @@ def cmd_export(args: argparse.Namespace, _config: None) -> int:
     path = export_package(args.checkpoint, args.output, package_format=args.format)
     get_logger("trainer").info("exported", checkpoint=args.checkpoint, output=str(path), format=args.format)
     return 0
+
+
+def cmd_eval_checkpoint(args: argparse.Namespace, _config: None) -> int:
+    from lmforge.trainer.checkpoint_eval import main_from_args
+
+    return main_from_args(args)
 
 
 def cmd_report(args: argparse.Namespace, _config: None) -> int:
@@ -78,6 +86,11 @@ def build_cli() -> ServiceCli:
                         help="hf: a Hugging Face transformers directory (AutoModelForCausalLM, vLLM, lm-eval; "
                              "lmforge-serve loads it too); a model no transformers architecture matches exactly "
                              "is refused (exit 2)")
+    evaluation = cli.command("eval-checkpoint", cmd_eval_checkpoint,
+                             help="evaluate a weights checkpoint's package: held-out loss per source and "
+                                  "lm-evaluation-harness tasks → a result JSON and lmforge_eval_* gauges (exit 2 "
+                                  "config, 3 input, 4 store, 70 bug)")
+    add_eval_arguments(evaluation)
     report = cli.command("report", cmd_report, help="RUN_DIR/metrics.jsonl → a self-contained report.html (the "
                                                     "trainer also writes it at each checkpoint and at the end)")
     report.add_argument("--run-dir", required=True)

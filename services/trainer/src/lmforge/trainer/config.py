@@ -167,6 +167,22 @@ class CheckpointSection(StrictModel):
     purge_requires_upload: bool = Field(False, description="retention deletes only checkpoints the store named "
                                         "by their UPLOADED marker holds (one HEAD of the manifest; set when "
                                         "the sidecar runs)")
+    weights_every: int = Field(0, ge=0, description="also write a weights-only package (RUN_DIR/weights/step-N: "
+                               "model.safetensors, config.json, tokenizer.json, meta.json) every N steps and at "
+                               "the last step, for evaluation while training (0: off; lmforge.trainer."
+                               "weights_checkpoint)")
+    weights_every_minutes: float = Field(0.0, ge=0, description="also write a weights package when this many "
+                                         "minutes have passed since the last one (0: off; rank 0's clock, "
+                                         "decided on logged steps: log_every steps apart at most)")
+    weights_keep: int = Field(3, ge=1, description="weights packages kept on the local volume (with "
+                              "purge_requires_upload, also every one the store does not hold yet)")
+    weights_from_full: bool = Field(True, description="a weights package due at a step that is also saved in full "
+                                    "is consolidated from that checkpoint once committed (no second save); "
+                                    "false: always a model-only save (deferred until the full one is written)")
+
+    @property
+    def weights_enabled(self) -> bool:
+        return bool(self.weights_every or self.weights_every_minutes)
 
 
 class PreflightSection(StrictModel):

@@ -10,6 +10,8 @@ import json
 import tempfile
 from pathlib import Path
 
+import torch
+
 from lmforge.common.checkpoint_layout import BAD_MARKER, COMMIT_MARKER
 from lmforge.common.errors import ConfigError, InputError, StorageError
 from lmforge.common.s3_store import S3Store
@@ -18,6 +20,7 @@ from lmforge.model import hf_config, hf_package
 from lmforge.model import package as model_package
 from lmforge.model.config import GPTConfig
 from lmforge.model.hf_tokenizer import DEFAULT_EOS
+from lmforge.model.rope import set_rope
 from lmforge.model.transformer import GPT
 from lmforge.trainer.checkpoint_reader import SafeFileSystemReader, load_state
 from lmforge.trainer.config import TrainConfig
@@ -36,26 +39,52 @@ def export(checkpoint: str | Path, output: str | Path, *, package_format: str = 
     meta = json.loads((checkpoint / "meta.json").read_text())
     config = TrainConfig.model_validate(meta["config"])
     with tempfile.TemporaryDirectory(prefix="lmforge-export-") as scratch:
-        tokenizer, manifest = _source_files(config.data.sources[0].path, Path(scratch))
-        if not tokenizer.is_file() or hashlib.sha256(tokenizer.read_bytes()).hexdigest() != meta["tokenizer_sha256"]:
-            raise InputError(f"{tokenizer}: missing, or not the tokenizer this checkpoint was trained with")
-        tokenizer_info = json.loads(manifest.read_text())["tokenizer"]
-        if "model_config" in meta:  # the shape the run trained (a model.init_from run's is not its preset's)
-            model_config = GPTConfig.model_validate(meta["model_config"])
-        else:
-            model_config = config.model.build(vocab_size=tokenizer_info["vocab_size"])
+        tokenizer, tokenizer_info = tokenizer_files(config, meta["tokenizer_sha256"], Path(scratch))
+        model_config = model_config_of(meta, config, tokenizer_info)
         if package_format == "hf":
             hf_config.hf_model_type(model_config)  # refuses an unmappable model before the weights are read
-        model = GPT(model_config)
-        state = {"model": model.state_dict()}
-        load_state(state, SafeFileSystemReader(checkpoint))  # consolidates the shards of any world size
-        model.load_state_dict(state["model"])
+        model = consolidate(checkpoint, model_config)
         if package_format == "hf":
             eos = tokenizer_info.get("eot_token", DEFAULT_EOS)
             hf_package.write_hf_package(model, tokenizer, output, step=meta["step"], eos_token=eos)
         else:
             model_package.write_package(model, tokenizer, output, step=meta["step"])
     return output
+
+
+def tokenizer_files(config: TrainConfig, tokenizer_sha256: str, scratch: Path) -> tuple[Path, dict]:
+    """The run's tokenizer.json (the first data source's, checked against the sha256 the run trained
+    with; an s3:// source's is downloaded into `scratch`) and the manifest's `tokenizer` entry."""
+    tokenizer, manifest = _source_files(config.data.sources[0].path, scratch)
+    if not tokenizer.is_file() or hashlib.sha256(tokenizer.read_bytes()).hexdigest() != tokenizer_sha256:
+        raise InputError(f"{tokenizer}: missing, or not the tokenizer this checkpoint was trained with")
+    return tokenizer, json.loads(manifest.read_text())["tokenizer"]
+
+
+def model_config_of(meta: dict, config: TrainConfig, tokenizer_info: dict) -> GPTConfig:
+    """The shape the run trained (meta's model_config: a model.init_from run's is not its preset's, a
+    schedule stage's RoPE is the stage's); older checkpoints: the config's model."""
+    if "model_config" in meta:
+        return GPTConfig.model_validate(meta["model_config"])
+    return config.model.build(vocab_size=tokenizer_info["vocab_size"])
+
+
+def consolidate(checkpoint: Path, model_config: GPTConfig) -> GPT:
+    """The model of a DCP state directory (its "model" entry: a full checkpoint or the trainer's
+    model-only weights save), its shards of any world size and layout read by this process alone
+    (no collective, so the trainer's rank 0 runs it beside training). The GPT is built on the meta
+    device and filled from the checkpoint: no random initial weights are drawn, so the process's
+    RNG (the trainer's, when run in its thread) is left alone."""
+    with torch.device("meta"):
+        model = GPT(model_config)
+    model.to_empty(device="cpu")
+    if model_config.tie_embeddings:
+        model.lm_head.weight = model.wte.weight  # to_empty gave the head a tensor of its own
+    set_rope(model, model_config, None, None)  # the non-persistent tables, which no checkpoint holds
+    state = {"model": model.state_dict()}
+    load_state(state, SafeFileSystemReader(checkpoint), no_dist=True)
+    model.load_state_dict(state["model"])
+    return model
 
 
 def _source_files(uri: str, scratch: Path) -> tuple[Path, Path]:

@@ -4,10 +4,23 @@ Every record has `kind` and `attempt`. Each time the trainer starts on a run dir
 attempt, numbered from the file itself rather than from TORCHELASTIC_RESTART_COUNT, which a
 replaced pod's torchrun starts from 0 again. An attempt's first record says where it picks up:
 `{"kind": "start", "attempt": 2, "resumed_from": 19, "first_step": 20, ...}` (`resumed_from`
-null: from scratch). Kinds: start, step, eval, memory, checkpoint (a save committed).
+null: from scratch). Kinds: start, step, eval, memory, checkpoint (a save committed), weights (a weights
+package committed, lmforge.trainer.weights_checkpoint: step, tokens, source "model_save"|"checkpoint",
+blocked_seconds, seconds, final; `error` when it failed).
 
 A resumed attempt logs again the steps between its checkpoint and where the attempt before it
 stopped; `latest_per_step` gives each step once, from the newest attempt.
+
+evals.jsonl, beside it: the checkpoint evaluations (kind `checkpoint_eval`; not `eval`, the
+in-loop val loss above). Its sole writer is the uploader sidecar's evaluation launcher
+(lmforge.uploader.eval_launcher), one record per weights checkpoint as each job ends, no `attempt`:
+`{"kind": "checkpoint_eval", "step", "tokens" (consumed by the end of that step), "timestamp",
+"package" (its URI), "heldout": {source: {"loss", "perplexity"}}, "tasks": {task: {metric: value}},
+"score" (the value promotion ranks by, or null), "best_step", "promoted" (it became the best and
+was promoted), "skipped": false, "regressed": ["task/metric" or "heldout/<source>", ...]}`; a
+checkpoint overtaken before its job started `{"kind", "step", "timestamp", "skipped": true}`, a
+failed job `{"kind", "step", "timestamp", "failed": true, "skipped": false}`.
+`read_checkpoint_evals` reads it (the training report draws it).
 """
 
 from __future__ import annotations
@@ -31,6 +44,19 @@ def read_records(path: Path, kind: str | None = None) -> list[dict]:
             if isinstance(record, dict) and (kind is None or record.get("kind") == kind):
                 records.append(record)
     return records
+
+
+EVALS_FILE = "evals.jsonl"
+CHECKPOINT_EVAL = "checkpoint_eval"
+
+
+def read_checkpoint_evals(path: Path) -> list[dict]:
+    """The `checkpoint_eval` records of an evals.jsonl, each step once (the last record of it: a
+    re-ingested result is written again), in step order; [] when there is no file yet."""
+    if not path.exists():
+        return []
+    latest = {r["step"]: r for r in read_records(path, CHECKPOINT_EVAL) if isinstance(r.get("step"), int)}
+    return [latest[step] for step in sorted(latest)]
 
 
 def attempt_of(record: dict) -> int:

@@ -14,6 +14,13 @@ count, and a batch ramp makes steps uneven), each stage's start marked and named
 the stages. Evaluations of several sources add their per-source val losses over steps. A file
 written before stage records and token counts existed draws as before, without those.
 
+With checkpoint evaluation on, RUN_DIR/evals.jsonl (the uploader's `checkpoint_eval` records,
+lmforge.trainer.metrics_file) adds a chart per task metric over consumed tokens (each evaluated
+checkpoint's score and the best so far, the maximum as the eval job's best-score gauge takes it),
+one of the held-out loss per source, the promoted checkpoint and the regressed ones marked on each,
+and the counts (evaluated, skipped, failed; best and promoted step) at the top. A missing file or a
+half-written last line draws what there is.
+
 The trainer rewrites it (rank 0) at each committed checkpoint and when the attempt ends;
 `lmforge-train report --run-dir DIR` draws it from any metrics.jsonl.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +42,14 @@ from lmforge.pages.formatting import SI_SUFFIXES, duration, number, percent
 from lmforge.pages.html_pages import render
 from lmforge.pages.line_chart import Frame, LegendItem, Line, LineChart, Marker, line_chart
 from lmforge.trainer.mesh_layout import MESH_AXES
-from lmforge.trainer.metrics_file import attempt_of, by_attempt, latest_per_step, read_records
+from lmforge.trainer.metrics_file import (
+    EVALS_FILE,
+    attempt_of,
+    by_attempt,
+    latest_per_step,
+    read_checkpoint_evals,
+    read_records,
+)
 
 REPORT_FILE = "report.html"
 MAX_POINTS = 2000  # per line; longer ones are thinned evenly (the last point is always kept)
@@ -378,17 +393,28 @@ def _stage_markers(view: RunView) -> list[Marker]:
 
 
 def _token_section(
-    name: str, title: str, axis: str, lines: list[Line], view: RunView, fmt: Callable[[float, int], str]
+    name: str,
+    title: str,
+    axis: str,
+    lines: list[Line],
+    view: RunView,
+    fmt: Callable[[float, int], str],
+    markers: list[Marker] = (),
+    marker_legend: list[LegendItem] = (),
 ) -> ChartSection:
-    """The lines over consumed tokens, each stage's start marked."""
+    """The lines over consumed tokens, each stage's start marked (and `markers`, with their
+    `marker_legend`); the axis reaches the last point of any line."""
     lines = [line for line in lines if line.points]
     if not lines:
         return ChartSection(name, title, None, [], "no values logged")
-    x_max = _tokens_drawn(view)
+    x_max = max(_tokens_drawn(view), *(x for line in lines for x, _ in line.points))
     ticks = [(t, _tokens_label(t)) for t in nice_ticks(0, x_max)]
     chart = _line_chart(lines, name, f"{title} over consumed tokens", axis, fmt, x_max, ticks, "tokens consumed",
-                        _stage_markers(view))
-    return ChartSection(name, title, chart, [*_legend(lines), LegendItem("stage starts", STAGE_COLOR, "dashed")], "")
+                        [*_stage_markers(view), *markers])
+    legend = [*_legend(lines), *marker_legend]
+    if view.stages:
+        legend.append(LegendItem("stage starts", STAGE_COLOR, "dashed"))
+    return ChartSection(name, title, chart, legend, "")
 
 
 def _schedule(view: RunView) -> ScheduleView | None:
@@ -425,6 +451,133 @@ def _schedule(view: RunView) -> ScheduleView | None:
         _token_section("schedule_lr", "Learning rate over tokens", "learning rate", learning_rate, view, number),
     ]
     return ScheduleView([_stage_row(s) for s in view.stages], charts)
+
+
+# ---------------------------------------------------------------- checkpoint evaluations (evals.jsonl)
+
+PROMOTED_COLOR, REGRESSED_COLOR, BEST_COLOR = "#16a34a", "#dc2626", "#475569"
+
+
+def _evaluated(evals: list[dict]) -> list[dict]:
+    """The records of checkpoints evaluated (not skipped, not failed) that count tokens."""
+    return [r for r in evals if not r.get("skipped") and not r.get("failed") and _finite(r.get("tokens")) is not None]
+
+
+def _promoted(evals: list[dict]) -> dict | None:
+    """The record of the checkpoint promoted last (each promotion is a new best: the current one)."""
+    return max((r for r in _evaluated(evals) if r.get("promoted") is True), key=lambda r: r["step"], default=None)
+
+
+def _regressed_on(record: dict, key: str | None) -> bool:
+    """Whether the record's `regressed` list names `key` (a "task/metric"; None: any held-out source)."""
+    keys = record.get("regressed") if isinstance(record.get("regressed"), list) else []
+    return any(k == key if key else str(k).startswith("heldout/") for k in keys)
+
+
+def _eval_markers(evals: list[dict], key: str | None) -> tuple[list[Marker], list[LegendItem]]:
+    """The promoted checkpoint, and the checkpoints that regressed on `key` (_regressed_on), as
+    markers, with their legend."""
+    markers = [
+        Marker(_finite(r["tokens"]), "regressed", f"step {r['step']} regressed "
+               f"({', '.join(map(str, r['regressed']))})", REGRESSED_COLOR, {"data-step": r["step"]}, dashed=True)
+        for r in _evaluated(evals) if _regressed_on(r, key)
+    ]
+    legend = [LegendItem("regressed checkpoint", REGRESSED_COLOR, "dashed")] if markers else []
+    if (promoted := _promoted(evals)) is not None:
+        markers.append(Marker(_finite(promoted["tokens"]), "promoted", f"step {promoted['step']} promoted (the best)",
+                              PROMOTED_COLOR, {"data-step": promoted["step"]}, label=f"promoted: {promoted['step']}"))
+        legend.append(LegendItem("promoted checkpoint", PROMOTED_COLOR))
+    return markers, legend
+
+
+def _best_so_far(points: list[tuple[float, float]], best: Callable[[float, float], float]) -> list[tuple[float, float]]:
+    """The best value up to each point: a step line (it rises or falls only at a new best)."""
+    out: list[tuple[float, float]] = []
+    for x, value in points:
+        if out and best(out[-1][1], value) != out[-1][1]:
+            out.append((x, out[-1][1]))
+        out.append((x, best(out[-1][1], value) if out else value))
+    return out
+
+
+def _task_metrics(evals: list[dict]) -> list[tuple[str, str]]:
+    """(task, metric) in the order the records first name them."""
+    names: dict[tuple[str, str], None] = {}
+    for record in _evaluated(evals):
+        tasks = record.get("tasks") if isinstance(record.get("tasks"), dict) else {}
+        for task, metrics in tasks.items():
+            names.update(dict.fromkeys((task, metric) for metric in (metrics if isinstance(metrics, dict) else ())))
+    return list(names)
+
+
+def _eval_value(record: dict, group: str, name: str, key: str) -> float | None:
+    """record[group][name][key] when it is a finite number (tasks/task/metric, heldout/source/loss)."""
+    inner = (record.get(group) or {}).get(name) if isinstance(record.get(group), dict) else None
+    return _finite(inner.get(key)) if isinstance(inner, dict) else None
+
+
+def _regressed_dots(evals: list[dict], points: dict[int, float], key: str | None) -> list[tuple[float, float]]:
+    """The regressed checkpoints' own points, each alone (a NaN between them: dots, not a line)."""
+    out: list[tuple[float, float]] = []
+    for record in _evaluated(evals):
+        if _regressed_on(record, key) and record["step"] in points:
+            out += [(_finite(record["tokens"]), points[record["step"]]), (_finite(record["tokens"]), math.nan)]
+    return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", text).strip("_")
+
+
+def _checkpoint_eval_sections(view: RunView, evals: list[dict]) -> list[ChartSection]:
+    """One chart per task metric (score and best so far over consumed tokens), then the held-out
+    loss per source; the promoted checkpoint and the regressed ones marked on each."""
+    evaluated = _evaluated(evals)
+    sections = []
+    for task, metric in _task_metrics(evals):
+        by_step = {r["step"]: v for r in evaluated if (v := _eval_value(r, "tasks", task, metric)) is not None}
+        points = [(_finite(r["tokens"]), by_step[r["step"]]) for r in evaluated if r["step"] in by_step]
+        key = f"{task}/{metric}"
+        markers, marker_legend = _eval_markers(evals, key)
+        lines = [
+            Line(metric, SOURCE_COLORS[0], points, dots=True),
+            Line("best so far", BEST_COLOR, _best_so_far(points, max), dashed=True),
+            Line("regressed score", REGRESSED_COLOR, _regressed_dots(evals, by_step, key)),
+        ]
+        sections.append(_token_section(f"eval_{_slug(task)}_{_slug(metric)}", f"Checkpoint evaluation: {task} "
+                                       f"({metric})", metric, lines, view, number, markers, marker_legend))
+    sources: dict[str, None] = {}
+    for record in evaluated:
+        sources.update(dict.fromkeys(record.get("heldout") if isinstance(record.get("heldout"), dict) else ()))
+    if sources:
+        lines = []
+        for index, source in enumerate(sources):
+            by_step = {r["step"]: v for r in evaluated if (v := _eval_value(r, "heldout", source, "loss")) is not None}
+            lines.append(Line(f"held-out loss, {source}", _source_color(index),
+                              [(_finite(r["tokens"]), by_step[r["step"]]) for r in evaluated if r["step"] in by_step],
+                              dots=True))
+        markers, marker_legend = _eval_markers(evals, None)
+        sections.append(_token_section("eval_heldout", "Checkpoint evaluation: held-out loss per source",
+                                       "loss (cross-entropy)", lines, view, number, markers, marker_legend))
+    return sections
+
+
+def _eval_stats(evals: list[dict]) -> list[tuple[str, str]]:
+    """The header's figures of the checkpoint evaluations (none without evals.jsonl)."""
+    if not evals:
+        return []
+    evaluated = [r for r in evals if not r.get("skipped") and not r.get("failed")]
+    best = next((r.get("best_step") for r in reversed(evaluated) if isinstance(r.get("best_step"), int)), None)
+    score = next((r.get("score") for r in evaluated if r["step"] == best), None)
+    promoted = _promoted(evals)
+    return [
+        (str(len(evaluated)), "checkpoints evaluated"),
+        (f"{sum(1 for r in evals if r.get('skipped'))} / {sum(1 for r in evals if r.get('failed'))}",
+         "checkpoints skipped / failed"),
+        ("n/a" if best is None else f"{best}" + (f" ({number(v, 4)})" if (v := _finite(score)) is not None else ""),
+         "best checkpoint step (score)"),
+        ("none" if promoted is None else str(promoted["step"]), "promoted checkpoint step"),
+    ]
 
 
 def _stage_row(stage: dict) -> list[str]:
@@ -526,20 +679,29 @@ def _parallel(parallel: dict) -> str:
     return " ".join(axes) or "none"
 
 
-def render_report(records: list[dict], *, title: str = "lmforge training report", config: dict | None = None) -> str:
-    """The page for the records of one metrics.jsonl (all attempts)."""
+def render_report(
+    records: list[dict],
+    *,
+    title: str = "lmforge training report",
+    config: dict | None = None,
+    checkpoint_evals: list[dict] = (),
+) -> str:
+    """The page for the records of one metrics.jsonl (all attempts) and the `checkpoint_eval`
+    records of its evals.jsonl (metrics_file.read_checkpoint_evals)."""
     view = RunView.of(records)
+    evals = list(checkpoint_evals)
     return render(
         "lmforge.trainer",
         "trainer/report.html",
         title=title,
         facts=_facts(config),
-        stats=_stats(view),
+        stats=[*_stats(view), *_eval_stats(evals)],
         attempts=_attempt_rows(view),
         sections=[
             _loss_section(view),
             *filter(None, [_val_loss_by_source_section(view)]),
             *(_metric_section(metric, view) for metric in _metrics(view)),
+            *_checkpoint_eval_sections(view, evals),
         ],
         schedule=_schedule(view),
         drawn_at=_clock(time.time()),
@@ -547,12 +709,15 @@ def render_report(records: list[dict], *, title: str = "lmforge training report"
 
 
 def write_report(run_dir: Path, output: Path | None = None) -> Path:
-    """RUN_DIR/report.html (or `output`) from RUN_DIR/metrics.jsonl and config.json."""
+    """RUN_DIR/report.html (or `output`) from RUN_DIR/metrics.jsonl, evals.jsonl (when there is
+    one) and config.json."""
     records = read_records(run_dir / "metrics.jsonl")
+    evals = read_checkpoint_evals(run_dir / EVALS_FILE)
     config_path = run_dir / "config.json"
     config = json.loads(config_path.read_text()) if config_path.exists() else None
     path = output or run_dir / REPORT_FILE
-    html = render_report(records, title=f"lmforge training report: {run_dir.resolve().name}", config=config)
+    html = render_report(records, title=f"lmforge training report: {run_dir.resolve().name}", config=config,
+                         checkpoint_evals=evals)
     atomic_write_bytes(path, html.encode("utf-8"))
     return path
 

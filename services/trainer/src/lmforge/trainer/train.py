@@ -241,6 +241,14 @@ class Trainer:
             timeout_seconds=config.parallel.timeout_seconds,
             purge_requires_upload=config.checkpoint.purge_requires_upload,
         )
+        self.weights = None  # the weights-only packages (checkpoint.weights_every / weights_every_minutes)
+        if config.checkpoint.weights_enabled:
+            from lmforge.trainer.weights_checkpoint import WeightsSaver
+
+            self.weights = WeightsSaver(Path(config.run_dir) / "weights", config, self.checkpointer,
+                                        tokens_after=plan.tokens_after, record=run.record, agree=self._on_every_rank,
+                                        tokenizer_sha256=source.tokenizer_sha256)
+        self.weights_clock_due = False  # rank 0's clock says a package is due (shared on logged steps)
         self.first_step, self.best_val = self._resume()
         self.stage: Stage | None = None  # entered at the first step (train_step)
         self.val_samplers: dict[int, list[Sampler]] = {}  # by seq_len: the mixture's, then each source's
@@ -318,6 +326,8 @@ class Trainer:
                     self._log_step(step, result, step_seconds)
                 val_loss, improved = self._evaluate_if_due(step)
                 self._checkpoint(step, val_loss, improved)
+            if self.weights is not None:  # every package committed before the trainer exits
+                self.weights.close(self.model, self.checkpoint_meta)
             self.checkpointer.close()
             self.run.checkpoint_committed(self.checkpointer.last_committed_step)
         finally:
@@ -424,8 +434,12 @@ class Trainer:
         if self.stage is None:
             raise ConfigError(f"{problem}; run the stage on its own layout")
         self.checkpointer.wait()
+        if self.weights is not None:
+            self.weights.before_full_save()
         if self.checkpointer.last_committed_step != step - 1:
             self.checkpointer.save(step - 1, self.model, self.optimizer, self.checkpoint_meta)
+        if self.weights is not None:
+            self.weights.close(self.model, self.checkpoint_meta)
         self.checkpointer.close()
         self.run.checkpoint_committed(self.checkpointer.last_committed_step)
         raise StageNeedsAnotherLayout(f"stopped before step {step}: {problem}; resume the run on the stage's layout "
@@ -456,7 +470,11 @@ class Trainer:
         counts = [float(self.mixture[i]) for i in range(len(sources))]
         moe = self.moe_stats()  # the step's last micro-batch; {} for a dense model
         figures = [step_seconds, result.data_wait, float(peak_memory_bytes(ctx.device)), *counts, *moe.values()]
+        if self.weights is not None and self.weights.every_minutes:  # rank 0's verdict reaches every rank with it
+            figures.append(float(self.weights.clock_due(time.monotonic())))
         per_rank = gather_rank_figures(figures, ctx)
+        if self.weights is not None and self.weights.every_minutes:
+            self.weights_clock_due = per_rank[0][-1] > 0
         if not ctx.is_main:
             return
         ranks = [{"step_seconds": r[0], "data_wait_seconds": r[1], "peak_memory_bytes": int(r[2])} for r in per_rank]
@@ -533,7 +551,10 @@ class Trainer:
         val loss), then records any save that has committed since."""
         config = self.config.checkpoint
         periodic = config.every and (step + 1) % config.every == 0
-        if step == self.config.steps - 1 or periodic or (improved and config.save_best):
+        full = step == self.config.steps - 1 or periodic or (improved and config.save_best)
+        if full:
+            if self.weights is not None:
+                self.weights.before_full_save()  # a model-only save in flight shares the group: written first
             stall = self.checkpointer.save(
                 step, self.model, self.optimizer, self.checkpoint_meta, val_loss=val_loss, is_best=improved
             )
@@ -541,4 +562,17 @@ class Trainer:
             if self.run.prometheus:
                 self.run.prometheus.checkpoint_stall.set(stall)
         self.checkpointer.poll()
+        if self.weights is not None:
+            due, self.weights_clock_due = self.weights.step_due(step) or self.weights_clock_due, False
+            self.weights.after_step(step, self.model, self.checkpoint_meta, due=due, full_save_started=full,
+                                    val_loss=val_loss)
         self.run.checkpoint_committed(self.checkpointer.last_committed_step)
+
+    def _on_every_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on every rank (one one-element all_reduce; the weights saver asks only on
+        steps with a deferred package)."""
+        if self.ctx.world_size == 1:
+            return flag
+        value = torch.tensor([1.0 if flag else 0.0], device=self.ctx.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return bool(value.item())

@@ -1,4 +1,5 @@
-"""`lmforge-uploader watch|restore`: the checkpoint sidecar and the trainer pod's init container."""
+"""`lmforge-uploader watch|restore|evals-finalize`: the checkpoint sidecar (checkpoints, weights
+packages and their evaluation), the trainer pod's init container, and the evaluation's last word."""
 
 from __future__ import annotations
 
@@ -16,8 +17,13 @@ from lmforge.common.retry import RetryPolicy
 from lmforge.common.storage import open_store
 from lmforge.common.store import Store
 from lmforge.uploader.config import TransferSection, UploaderConfig, load_uploader_config
+from lmforge.uploader.eval_launcher import EvalLauncher, run_name
+from lmforge.uploader.eval_runners import KubernetesRunner, Runner, SubprocessRunner
+from lmforge.uploader.manifest import WEIGHTS
 from lmforge.uploader.metrics import UploaderMetrics
+from lmforge.uploader.promotion import Promoter
 from lmforge.uploader.restore import restore
+from lmforge.uploader.sidecar import Sidecar
 from lmforge.uploader.watcher import CheckpointUploader
 
 log = get_logger("uploader")
@@ -43,17 +49,58 @@ def cmd_watch(args: argparse.Namespace, config: UploaderConfig) -> int:
     metrics = UploaderMetrics()
     if config.metrics_port:
         log.info("metrics_serving", port=metrics.serve(config.metrics_port))
-    uploader = CheckpointUploader(Path(args.dir), destination, config, metrics)
-    retry.should_stop = uploader.cancel.is_set
-    signal.signal(signal.SIGTERM, lambda *_: uploader.request_stop())
-    signal.signal(signal.SIGINT, lambda *_: uploader.request_stop())
+    if config.evaluation.enabled and not args.weights_dir:
+        raise ConfigError("evaluation.enabled needs --weights-dir (the packages it evaluates)")
+    launcher = weights = None
+    if args.weights_dir:
+        weights_dir = Path(args.weights_dir)
+        if config.evaluation.enabled:
+            launcher = eval_launcher(destination, weights_dir, config, metrics, args.endpoint_url)
+        weights = CheckpointUploader(weights_dir, destination, config, metrics.for_weights(), kind=WEIGHTS,
+                                     pinned=launcher.pinned if launcher is not None else None)
+    sidecar = Sidecar(CheckpointUploader(Path(args.dir), destination, config, metrics), weights, launcher)
+    retry.should_stop = sidecar.cancel.is_set
+    signal.signal(signal.SIGTERM, lambda *_: sidecar.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: sidecar.request_stop())
     try:
-        uploader.start()
-        uploader.run(exit_when_done=args.exit_when_done)
+        sidecar.start()
+        sidecar.run(exit_when_done=args.exit_when_done)
     finally:
-        uploader.close()
+        sidecar.close()
         metrics.close()
-    log.info("exited", reason="stopped" if uploader.stopping.is_set() else "done")
+    log.info("exited", reason="stopped" if sidecar.stopping.is_set() else "done")
+    return 0
+
+
+def eval_runner(config: UploaderConfig, run_dir: Path) -> Runner:
+    evaluation = config.evaluation
+    if evaluation.runner == "kubernetes":
+        return KubernetesRunner(evaluation.job_template, evaluation.namespace)
+    return SubprocessRunner(list(evaluation.command), log_dir=run_dir / "eval-logs")
+
+
+def eval_launcher(destination: Store, weights_dir: Path, config: UploaderConfig, metrics: UploaderMetrics,
+                  endpoint_url: str | None, *, runner: bool = True) -> EvalLauncher:
+    """The launcher of `watch` (runner=True) or of `evals-finalize` (ingest and promote only)."""
+    evaluation = config.evaluation
+    models = None
+    if evaluation.promote == "pointer":
+        models = open_destination(evaluation.models_store, config.transfer, endpoint_url=endpoint_url)
+    promoter = Promoter(destination, evaluation, run_name(weights_dir, evaluation), models)
+    return EvalLauncher(destination, weights_dir, evaluation, eval_runner(config, weights_dir.parent) if runner
+                        else None, promoter, metrics)
+
+
+def cmd_evals_finalize(args: argparse.Namespace, config: UploaderConfig) -> int:
+    destination = open_destination(args.dest, config.transfer, endpoint_url=args.endpoint_url)
+    try:
+        destination.check()
+        best = eval_launcher(destination, Path(args.weights_dir), config, UploaderMetrics(), args.endpoint_url,
+                             runner=False).finalize()
+    finally:
+        destination.close()
+    log.info("evals_finalized", best_step=(best or {}).get("step"), score=(best or {}).get("score"),
+             promoted_to=(best or {}).get("promoted_to"))
     return 0
 
 
@@ -90,9 +137,13 @@ def build_cli() -> ServiceCli:
                         config="load")
     watch.add_argument("--dir", required=True, help="the trainer's checkpoint directory (RUN_DIR/checkpoints)")
     watch.add_argument("--dest", required=True, help="s3://BUCKET/PREFIX/RUN or file:///PATH")
+    watch.add_argument("--weights-dir", help="the trainer's weights packages (RUN_DIR/weights): uploaded to "
+                       "DEST/weights/, and evaluated when evaluation.enabled")
     watch.add_argument("--exit-when-done", action="store_true",
                        help="exit 0 once the store holds the final checkpoint (checked there, never taken from a "
-                            "local marker; an unreachable store is retried until it answers or SIGTERM)")
+                            "local marker; an unreachable store is retried until it answers or SIGTERM); with "
+                            "--weights-dir also the final weights package (meta.json final: true), and with "
+                            "evaluation.enabled once no evaluation is running or waiting")
     restore_cmd = cli.command("restore", cmd_restore, help="download the newest complete checkpoint (init container)",
                               config="load")
     restore_cmd.add_argument("--src", required=True, help="s3://BUCKET/PREFIX/RUN or file:///PATH")
@@ -100,6 +151,12 @@ def build_cli() -> ServiceCli:
     which = restore_cmd.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="this step (it must be complete in the store)")
     which.add_argument("--latest", action="store_true", help="the newest complete checkpoint (default)")
+    finalize = cli.command("evals-finalize", cmd_evals_finalize, config="load",
+                           help="ingest every evaluation result in the store, promote the best, write "
+                                "evals/best.json (idempotent)")
+    finalize.add_argument("--dest", required=True, help="the run's store: s3://BUCKET/PREFIX/RUN or file:///PATH")
+    finalize.add_argument("--weights-dir", required=True, help="RUN_DIR/weights (records go to RUN_DIR/evals.jsonl)")
+    finalize.add_argument("--endpoint-url", help="an S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
     for command in (watch, restore_cmd):
         command.add_argument("--node-rank", type=int, default=0, metavar="N",
                              help="this pod's node rank where every node mounts the same checkpoint volume: only "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from lmforge.common.config import StrictModel, load_config
 from lmforge.common.retry import RetrySettings
@@ -28,10 +30,55 @@ class TransferSection(RetrySettings):
         return self.part_size_mb * MIB
 
 
+class EvaluationSection(StrictModel):
+    """The evaluation branch (eval_launcher.py): a job per uploaded weights package, its result
+    scored and recorded, the best promoted."""
+
+    enabled: bool = Field(False, description="launch an evaluation job for each uploaded weights package "
+                          "(needs `watch --weights-dir`)")
+    max_concurrent: int = Field(2, ge=1, le=64, description="evaluation jobs running at once; an older package "
+                                "overtaken by a newer launch is skipped (never the final one)")
+    runner: Literal["subprocess", "kubernetes"] = Field("subprocess", description="how a job runs: a local "
+                                                         "process (`command`) or a Kubernetes Job (`job_template`)")
+    command: list[str] = Field(default_factory=list, description="subprocess runner: the job's argv prefix; "
+                               "--package, --step and --out are appended")
+    job_template: str = Field("", description="kubernetes runner: path of the Job manifest (JSON); its first "
+                              "container's args get --package, --step and --out")
+    namespace: str = Field("", description="kubernetes runner: the Jobs' namespace ('' = the pod's: the service "
+                           "account's namespace file, else LMFORGE_NAMESPACE)")
+    score: str = Field("heldout/loss", min_length=1, description="what ranks checkpoints: \"TASK/METRIC\" of "
+                       "the result's tasks, or \"heldout/loss\" (mean held-out loss over sources)")
+    mode: Literal["max", "min"] = Field("min", description="whether a higher or a lower score is better")
+    score_drop: float = Field(0.1, ge=0, description="a task metric this far below its best so far is regressed")
+    loss_rise: float = Field(0.5, ge=0, description="a held-out loss this far above its best so far is regressed")
+    promote: Literal["pointer", "propose", "off"] = Field(
+        "off", description="on a new best: copy it to `models_store` and point `pointer` at it; write "
+        "evals/proposal.json for the pipeline's rollout; or nothing")
+    pointer: str = Field("", description="promote=pointer: the model pointer URI")
+    models_store: str = Field("", description="promote=pointer: URI prefix a promoted package is copied under, "
+                              "as <models_store>/<run>-step-N")
+    run: str = Field("", max_length=200, description="the run's name (Job names, packages); '' = the run "
+                     "directory's name")
+
+    @model_validator(mode="after")
+    def _complete(self) -> EvaluationSection:
+        if self.enabled and self.runner == "subprocess" and not self.command:
+            raise ValueError("evaluation.runner=subprocess needs evaluation.command")
+        if self.enabled and self.runner == "kubernetes" and not self.job_template:
+            raise ValueError("evaluation.runner=kubernetes needs evaluation.job_template")
+        if self.promote == "pointer" and not (self.pointer and self.models_store):
+            raise ValueError("evaluation.promote=pointer needs evaluation.pointer and evaluation.models_store")
+        if self.score != "heldout/loss" and "/" not in self.score.strip("/"):
+            raise ValueError(f"evaluation.score {self.score!r}: expected TASK/METRIC or heldout/loss")
+        return self
+
+
 class UploaderConfig(StrictModel):
     transfer: TransferSection = Field(default_factory=TransferSection)
     poll_seconds: float = Field(2.0, gt=0, description="how often the checkpoint directory is scanned")
     keep: int = Field(3, ge=1, description="checkpoints kept in the object store, plus the best")
+    weights_keep: int = Field(3, ge=1, description="weights packages kept in the object store, plus the promoted "
+                              "one and those an evaluation still needs")
     free_disk_above: float | None = Field(
         None, gt=0, lt=1, description="delete uploaded local checkpoints (never the newest) above this volume usage")
     grace_seconds: float = Field(30.0, ge=0, description="on SIGTERM: time to finish the upload in flight")
@@ -47,6 +94,8 @@ class UploaderConfig(StrictModel):
         "uploader's lease claims and that is older than this is stale: aborted or removed. A lease is live while "
         "refreshed (every quarter of this)")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics (0: off)")
+    evaluation: EvaluationSection = Field(default_factory=EvaluationSection,
+                                          description="evaluate each uploaded weights package (watch --weights-dir)")
 
 
 def load_uploader_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> UploaderConfig:

@@ -1,9 +1,10 @@
 """Leases: how uploaders that share one destination tell live uploads from leftovers.
 
 While an uploader writes a checkpoint it holds a lease in the store,
-`checkpoints/.uploaders/IDENTITY.json`, naming the step prefixes it is writing. The lease is
-written before the first byte of the step (so before any multipart upload of it begins),
-refreshed every quarter of `stale_upload_seconds` while held, and deleted when released.
+`KIND/.uploaders/IDENTITY.json` (KIND: checkpoints, or weights for weights packages), naming
+the step prefixes it is writing. The lease is written before the first byte of the step (so
+before any multipart upload of it begins), refreshed every quarter of `stale_upload_seconds`
+while held, and deleted when released.
 
 Whatever a live lease claims (one refreshed within stale_upload_seconds, by the store's
 clock) is left alone by every other uploader. An open upload is aborted only when it is
@@ -50,10 +51,11 @@ class Claims:
 
 
 class UploadLease:
-    def __init__(self, destination: Store, identity: str, stale_seconds: float):
+    def __init__(self, destination: Store, identity: str, stale_seconds: float, lease_prefix: str = LEASE_PREFIX):
         self.dest = destination
         self.identity = identity or default_identity()
-        self.rel = LEASE_PREFIX + re.sub(r"[^A-Za-z0-9._-]", "_", self.identity) + ".json"
+        self.lease_prefix = lease_prefix
+        self.rel = lease_prefix + re.sub(r"[^A-Za-z0-9._-]", "_", self.identity) + ".json"
         self.stale_seconds = stale_seconds
         self._held: set[str] = set()
         self._lock = threading.Lock()
@@ -104,8 +106,8 @@ class UploadLease:
         with self._lock:
             held = set(self._held)
         live, dead, stale = set(held), set(), []
-        for rel, obj in self.dest.listing(LEASE_PREFIX).items():
-            if "/" in rel[len(LEASE_PREFIX) :] or not rel.endswith(".json"):
+        for rel, obj in self.dest.listing(self.lease_prefix).items():
+            if "/" in rel[len(self.lease_prefix) :] or not rel.endswith(".json"):
                 continue
             prefixes = self._prefixes(rel)
             if rel == self.rel:

@@ -32,8 +32,13 @@ def checkpoint_files(step_path: Path) -> list[Path]:
     return sorted(p for p in step_path.rglob("*") if p.is_file() and p.name not in LOCAL_ONLY)
 
 
-def remote_step_prefix(step: int) -> str:
-    return f"checkpoints/{step_name(step)}/"
+CHECKPOINTS, WEIGHTS = "checkpoints", "weights"  # the kinds of step directories in a run's store
+EVALS = "evals/"  # evaluation results of weights packages (eval_launcher.py)
+BEST_FILE = EVALS + "best.json"  # the best evaluated (promoted) weights step: weights retention keeps it
+
+
+def remote_step_prefix(step: int, kind: str = CHECKPOINTS) -> str:
+    return f"{kind}/{step_name(step)}/"
 
 
 def build_manifest(step: int, entries: list[FileEntry], meta: dict | None) -> bytes:

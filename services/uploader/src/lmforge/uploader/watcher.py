@@ -18,6 +18,11 @@ starts): each claims the step it writes in a lease (lease.py), and leaves alone 
 another's live lease claims — its open uploads, and its checkpoint not yet published.
 A checkpoint that failed to upload is retried, each time after twice the wait.
 
+The same protocol moves weights packages (kind "weights": RUN_DIR/weights/step-N, a model
+package the trainer commits with the same marker) to `weights/step-N/` in the store, with
+their own retention: the newest `weights_keep`, plus the promoted step (`evals/best.json`) and
+whatever the evaluation launcher still needs (`pinned`). Restore reads checkpoints only.
+
 A checkpoint the trainer marked BAD (it failed to load) is never uploaded, nor counted as
 the newest or best; when the store holds the same files, the marker is published beside
 them so that restore passes over it too.
@@ -29,6 +34,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -54,6 +60,8 @@ from lmforge.common.store import Store
 from lmforge.uploader.config import UploaderConfig
 from lmforge.uploader.lease import Claims, UploadLease
 from lmforge.uploader.manifest import (
+    BEST_FILE,
+    CHECKPOINTS,
     JOURNAL,
     MANIFEST,
     FileEntry,
@@ -112,14 +120,25 @@ def read_meta(path: Path) -> dict:
 
 
 def is_final(meta: dict) -> bool:
+    """The run's last step: a checkpoint's meta.json names the run's `steps`; a weights
+    package's says `final`."""
+    if meta.get("final") is True:
+        return True
     steps = (meta.get("config") or {}).get("steps")
     return steps is not None and meta.get("step") == steps - 1
 
 
 class CheckpointUploader:
     def __init__(self, local_dir: Path, destination: Store, config: UploaderConfig,
-                 metrics: UploaderMetrics | None = None):
+                 metrics: UploaderMetrics | None = None, *, kind: str = CHECKPOINTS,
+                 pinned: Callable[[], set[int]] | None = None):
+        """`kind`: "checkpoints" (retention `keep` plus the best) or "weights" (`weights_keep` plus
+        the promoted step and `pinned()`: steps the store must keep for now)."""
         self.local_dir = local_dir
+        self.kind = kind
+        self.prefix = f"{kind}/"
+        self.keep = config.keep if kind == CHECKPOINTS else config.weights_keep
+        self.pinned = pinned
         self.dest = destination
         self.config = config
         self.metrics = metrics or UploaderMetrics()
@@ -133,7 +152,8 @@ class CheckpointUploader:
         self._retry_at: dict[int, float] = {}  # failed steps: when they may be tried again
         self._failures: dict[int, int] = {}
         self._swept_at = -1e18
-        self.lease = UploadLease(destination, config.identity, config.stale_upload_seconds)
+        self.lease = UploadLease(destination, config.identity, config.stale_upload_seconds,
+                                 f"{self.prefix}.uploaders/")
         self._files = ThreadPoolExecutor(2, thread_name_prefix="lmforge-file")
 
     # -- the store's view ----------------------------------------------------------------
@@ -141,7 +161,7 @@ class CheckpointUploader:
     def remote_manifests(self) -> dict[int, dict]:
         """Steps with a manifest in the store → the manifest. One listing per call; a
         manifest never changes once written, so each is fetched only the first time."""
-        listing = self.dest.listing("checkpoints/")
+        listing = self.dest.listing(self.prefix)
         manifests = {}
         self._remote_bad = {step for rel in listing if len(parts := rel.split("/")) == 3 and parts[2] == BAD_MARKER
                             and (step := parse_step(parts[1])) is not None}
@@ -164,13 +184,13 @@ class CheckpointUploader:
         if manifests:
             self.last_uploaded_step = max(manifests)
         self.metrics.last_uploaded_step.set(self.last_uploaded_step)  # known now: -1 when the store has none
-        log.info("started", dir=str(self.local_dir), dest=self.dest.uri, in_store=sorted(manifests),
+        log.info("started", kind=self.kind, dir=str(self.local_dir), dest=self.dest.uri, in_store=sorted(manifests),
                  identity=self.lease.identity)
 
     def sweep(self) -> None:
         """Abort the open uploads that are provably leftovers (never another uploader's live one)."""
         self._swept_at = time.monotonic()
-        aborted = self.lease.abort_stale_uploads("checkpoints/")
+        aborted = self.lease.abort_stale_uploads(self.prefix)
         if aborted:
             log.info("aborted_leftover_uploads", count=aborted)
 
@@ -181,7 +201,7 @@ class CheckpointUploader:
         (others would be pruned at once), oldest first, skipping failed ones until their retry time."""
         committed = committed_steps(self.local_dir)
         best = best_checkpoint(self.local_dir)
-        wanted = sorted(set(committed[-self.config.keep :]) | ({best["step"]} if best else set()))
+        wanted = sorted(set(committed[-self.keep :]) | ({best["step"]} if best else set()))
         now = time.monotonic()
         return [s for s in wanted if not self._in_store(s, manifests) and now >= self._retry_at.get(s, -1e18)]
 
@@ -216,7 +236,7 @@ class CheckpointUploader:
 
     def _mark_uploaded(self, step: int) -> None:
         self._confirmed[step] = mark_uploaded(step_dir(self.local_dir, step), self.dest.uri,
-                                              remote_step_prefix(step) + MANIFEST, self.dest.endpoint_url)
+                                              self._step_prefix(step) + MANIFEST, self.dest.endpoint_url)
 
     def _marked_here(self, step: int) -> bool:
         """Its UPLOADED marker names this destination (not checked in the store)."""
@@ -264,9 +284,9 @@ class CheckpointUploader:
         started = time.monotonic()
         try:
             committed_at = (path / COMMIT_MARKER).stat().st_mtime
-            with self.lease.claim(remote_step_prefix(step)):
+            with self.lease.claim(self._step_prefix(step)):
                 entries = self._upload_files(step, path)
-                self.dest.put_bytes(remote_step_prefix(step) + MANIFEST,
+                self.dest.put_bytes(self._step_prefix(step) + MANIFEST,
                                     build_manifest(step, entries, read_meta(path)))
             self._manifests.pop(step, None)  # replaced: fetch the new one next time
             self._mark_uploaded(step)
@@ -293,15 +313,15 @@ class CheckpointUploader:
         self.metrics.last_uploaded_step.set(self.last_uploaded_step)
         self.metrics.lag_seconds.set(lag)
         size = sum(e.size for e in entries)
-        log.info("uploaded", step=step, files=len(entries), bytes=size, seconds=round(seconds, 3),
-                 lag_seconds=round(lag, 3), dest=f"{self.dest.uri}/{remote_step_prefix(step)}")
+        log.info("uploaded", kind=self.kind, step=step, files=len(entries), bytes=size, seconds=round(seconds, 3),
+                 lag_seconds=round(lag, 3), dest=f"{self.dest.uri}/{self._step_prefix(step)}")
         return True
 
     def _upload_files(self, step: int, path: Path) -> list[FileEntry]:
         files = checkpoint_files(path)
         if not files:
             raise CheckpointVanished(f"{path}: no files")
-        remote = self.dest.listing(remote_step_prefix(step))
+        remote = self.dest.listing(self._step_prefix(step))
         # A file sent by an earlier attempt is reused only while young: a prune removes a
         # checkpoint without a manifest only once all its files are older than the stale age.
         fresh = self.config.stale_upload_seconds / 2
@@ -312,7 +332,7 @@ class CheckpointUploader:
             try:
                 rel = file.relative_to(path).as_posix()
                 size = file.stat().st_size
-                key = remote_step_prefix(step) + rel
+                key = self._step_prefix(step) + rel
                 done = journal.get(rel)
                 sent = remote.get(key)
                 if done and done.size == size and sent and sent.size == size and sent.age_seconds < fresh:
@@ -343,9 +363,9 @@ class CheckpointUploader:
                 log.warning("bad_copy_differs_from_store", step=step, reason=problem,
                             action="not marked bad in the store: its copy is not this one")
                 continue
-            self.dest.put_bytes(remote_step_prefix(step) + BAD_MARKER, (path / BAD_MARKER).read_bytes())
+            self.dest.put_bytes(self._step_prefix(step) + BAD_MARKER, (path / BAD_MARKER).read_bytes())
             self._remote_bad.add(step)
-            log.warning("published_bad", step=step, dest=f"{self.dest.uri}/{remote_step_prefix(step)}{BAD_MARKER}",
+            log.warning("published_bad", step=step, dest=f"{self.dest.uri}/{self._step_prefix(step)}{BAD_MARKER}",
                         action="restore passes over it; retention keeps it for an operator")
 
     # -- retention -----------------------------------------------------------------------
@@ -362,16 +382,31 @@ class CheckpointUploader:
             return
         newest = max(manifests)
         best = [s for s, m in manifests.items() if m.get("best")]
-        keep = set(sorted(manifests)[-self.config.keep :]) | ({max(best)} if best else set())
-        if not self._doomed(keep, newest, self.dest.listing("checkpoints/"), None):
+        keep = set(sorted(manifests)[-self.keep :]) | ({max(best)} if best else set()) | self._pinned()
+        if not self._doomed(keep, newest, self.dest.listing(self.prefix), None):
             return  # the usual pass: nothing to delete, and no need to read the leases
         claims = self.lease.claims()  # before the listing: a step claimed after it has young files
-        for step, rels in self._doomed(keep, newest, self.dest.listing("checkpoints/"), claims).items():
-            manifest_key = remote_step_prefix(step) + MANIFEST
+        for step, rels in self._doomed(keep, newest, self.dest.listing(self.prefix), claims).items():
+            manifest_key = self._step_prefix(step) + MANIFEST
             if manifest_key in rels:
                 self.dest.delete([manifest_key])
             self.dest.delete([r for r in rels if r != manifest_key])
             log.info("pruned", step=step, complete=manifest_key in rels)
+
+    def _step_prefix(self, step: int) -> str:
+        return remote_step_prefix(step, self.kind)
+
+    def _pinned(self) -> set[int]:
+        """Weights steps retention keeps whatever their age: the promoted one, and `pinned()`."""
+        if self.kind == CHECKPOINTS:
+            return set()
+        pinned = set(self.pinned()) if self.pinned is not None else set()
+        data = self.dest.get_bytes(BEST_FILE)
+        try:
+            step = json.loads(data)["step"] if data is not None else None
+        except (ValueError, KeyError, TypeError):
+            step = None
+        return pinned | ({step} if isinstance(step, int) else set())
 
     def _doomed(self, keep: set[int], newest: int, listing: dict, claims: Claims | None) -> dict[int, list[str]]:
         """The steps retention deletes now → their objects."""
@@ -384,9 +419,9 @@ class CheckpointUploader:
         doomed = {}
         for step, rels in sorted(by_step.items()):
             if step in keep or step >= newest or step in self._remote_bad or (
-                    claims and claims.is_live(remote_step_prefix(step))):
+                    claims and claims.is_live(self._step_prefix(step))):
                 continue
-            if remote_step_prefix(step) + MANIFEST not in rels and (step in pending or any(
+            if self._step_prefix(step) + MANIFEST not in rels and (step in pending or any(
                     listing[r].age_seconds <= self.config.stale_upload_seconds for r in rels)):
                 continue  # not published yet and may still be: never deleted from under its uploader
             doomed[step] = rels

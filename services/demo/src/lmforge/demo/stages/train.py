@@ -12,11 +12,17 @@ pod goes through:
 Both attempts log to the run's one metrics.jsonl, each record with its `attempt`. Attempt 2
 recomputes the steps between the restored checkpoint and the kill; their losses must equal
 attempt 1's exactly (batches are a pure function of seed and step, and the optimizer state comes
-back with the weights). The trainer draws the run's report.html from that file."""
+back with the weights). The trainer draws the run's report.html from that file.
+
+With `weights_every`, the trainer also writes a weights-only package every so many steps; the
+sidecar uploads each and runs its evaluation job (lmforge.demo.stages.evaluation), records the
+scores in RUN_DIR/evals.jsonl and points the model pointer at the best. The last package is
+zeroed on purpose (`break_last_weights`): its held-out loss regresses and it is not promoted."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import signal
@@ -28,8 +34,9 @@ from pathlib import Path
 from lmforge.common.checkpoint_layout import committed_steps, step_name
 from lmforge.demo.config import TrainSection
 from lmforge.demo.processes import StepFailed, Supervisor
+from lmforge.demo.stages.evaluation import last_weights_step, write_continuation_task, write_uploader_config
 from lmforge.demo.stages.storage import s3_env
-from lmforge.trainer.metrics_file import by_attempt, latest_per_step, read_records
+from lmforge.trainer.metrics_file import EVALS_FILE, by_attempt, latest_per_step, read_checkpoint_evals, read_records
 from lmforge.trainer.report_html import REPORT_FILE
 
 RUN_PREFIX = "runs/demo"
@@ -47,6 +54,9 @@ class TrainingOutcome:
     steps: list[dict] = field(default_factory=list)  # each step once, the newest attempt's record
     evals: list[dict] = field(default_factory=list)
     uploaded_steps: list[int] = field(default_factory=list)
+    checkpoint_evals: list[dict] = field(default_factory=list)  # evals.jsonl: one record per weights package
+    zeroed_step: int | None = None  # the weights package broken on purpose
+    best: dict | None = None  # evals/best.json: the promoted package
 
     @property
     def identical(self) -> bool:
@@ -81,7 +91,9 @@ def torchrun_command(train: TrainSection, data_dir: Path, run_dir: Path, metrics
             f"model.preset={train.preset}", f"parallel.mode={'fsdp' if train.nproc > 1 else 'none'}",
             f"steps={train.steps}", f"data.seq_len={train.seq_len}", f"data.batch_size={train.batch_size}",
             f"checkpoint.every={train.checkpoint_every}", f"eval_every={train.eval_every}", "log_every=1",
-            f"run_dir={run_dir}", f"metrics.port={metrics_port}", "device=cpu", *recipe_overrides(train)]
+            f"run_dir={run_dir}", f"metrics.port={metrics_port}", "device=cpu",
+            *([f"checkpoint.weights_every={train.weights_every}"] if train.weights_every else []),
+            *recipe_overrides(train)]
 
 
 def recipe_overrides(train: TrainSection) -> list[str]:
@@ -98,20 +110,28 @@ def recipe_overrides(train: TrainSection) -> list[str]:
             "optim.schedule=wsd", "optim.decay_fraction=0.2"]
 
 
-def uploader_command(checkpoints: Path, destination: str, metrics_port: int, exit_when_done: bool) -> list[str]:
+def uploader_command(checkpoints: Path, destination: str, metrics_port: int, exit_when_done: bool,
+                     evaluation: Path | None = None) -> list[str]:
+    """The sidecar; with `evaluation` (its config file) it also uploads RUN_DIR/weights and evaluates them."""
+    weights = ["--weights-dir", str(checkpoints.parent / "weights"), "--config", str(evaluation)] if evaluation else []
     return [sys.executable, "-m", "lmforge.uploader", "watch", "--dir", str(checkpoints), "--dest", destination,
-            "--set", f"metrics_port={metrics_port}", "--set", "poll_seconds=0.5",
+            *weights, "--set", f"metrics_port={metrics_port}", "--set", "poll_seconds=0.5",
             *(["--exit-when-done"] if exit_when_done else [])]
 
 
 def train_with_interruption(supervisor: Supervisor, train: TrainSection, data_dir: Path, out: Path,
-                            s3_endpoint: str, trainer_port: int, uploader_port: int,
+                            s3_endpoint: str, trainer_port: int, uploader_port: int, pushgateway: str = "",
                             note: Callable[[str], None] = lambda _: None) -> TrainingOutcome:
     destination = f"s3://{train.bucket}/{RUN_PREFIX}"
     storage = s3_env(s3_endpoint)
     trainer_env = {**storage, "OMP_NUM_THREADS": "1"}
     run_dir = out / "run"
     checkpoints, metrics = run_dir / "checkpoints", run_dir / "metrics.jsonl"
+    evaluation = None
+    if train.weights_every:
+        tasks = write_continuation_task(data_dir, out / "eval-tasks", questions=24)
+        evaluation = write_uploader_config(out / "uploader.yaml", train, data_dir, tasks, pushgateway, s3_endpoint)
+    zeroed = last_weights_step(train) if train.break_last_weights else None
 
     def tick() -> None:
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -120,7 +140,8 @@ def train_with_interruption(supervisor: Supervisor, train: TrainSection, data_di
                  f"{last['tokens_per_second']:,.0f} tokens/s")
     checkpoints.mkdir(parents=True)
 
-    supervisor.start("uploader", uploader_command(checkpoints, destination, uploader_port, False), storage)
+    supervisor.start("uploader", uploader_command(checkpoints, destination, uploader_port, False, evaluation),
+                     storage)
     code = supervisor.run("train-attempt-1", torchrun_command(train, data_dir, run_dir, trainer_port),
                           {**trainer_env, "LMFORGE_TRAINER_KILL_AT_STEP": str(train.interrupt_at)},
                           expect_failure=True, tick=tick)
@@ -151,12 +172,22 @@ def train_with_interruption(supervisor: Supervisor, train: TrainSection, data_di
                          f"nothing to resume from\n{supervisor.tail('uploader')}")
 
     note(f"restored step {restored[-1]} from {destination}; attempt 2 resumes from it")
-    supervisor.start("uploader", uploader_command(checkpoints, destination, uploader_port, True), storage)
-    supervisor.run("train-attempt-2", torchrun_command(train, data_dir, run_dir, trainer_port), trainer_env,
-                   tick=tick)
-    if supervisor.wait("uploader", timeout=300) != 0:
+    supervisor.start("uploader", uploader_command(checkpoints, destination, uploader_port, True, evaluation),
+                     storage)
+    zero = {"LMFORGE_TRAINER_ZERO_WEIGHTS_AT_STEP": str(zeroed)} if zeroed is not None else {}
+    supervisor.run("train-attempt-2", torchrun_command(train, data_dir, run_dir, trainer_port),
+                   {**trainer_env, **zero}, tick=tick)
+    if supervisor.wait("uploader", timeout=600) != 0:
         raise StepFailed(f"the uploader failed after the last step\n{supervisor.tail('uploader')}")
-    return _outcome(train, run_dir, destination, killed, restored[-1], storage)
+    best = None
+    if evaluation is not None:  # what the sidecar's last pass left: every result ingested, the best promoted
+        supervisor.run("evals-finalize", [sys.executable, "-m", "lmforge.uploader", "evals-finalize", "--dest",
+                                          destination, "--weights-dir", str(run_dir / "weights"),
+                                          "--config", str(evaluation)], storage)
+        best = read_best(destination, storage)
+    outcome = _outcome(train, run_dir, destination, killed, restored[-1], storage)
+    outcome.zeroed_step, outcome.best = zeroed, best
+    return outcome
 
 
 def killed_by(torchrun_log: str) -> str | None:
@@ -180,11 +211,23 @@ def _outcome(train: TrainSection, run_dir: Path, destination: str, killed: str, 
     difference = max((abs(before[s] - after[s]) for s in compared), default=float("nan"))
     outcome = TrainingOutcome(run_dir, destination, train.interrupt_at, killed, restored, compared, difference,
                               latest_per_step(records), latest_per_step(records, "eval"),
-                              uploaded_steps(destination, storage))
+                              uploaded_steps(destination, storage), read_checkpoint_evals(run_dir / EVALS_FILE))
     if not outcome.identical:
         raise StepFailed(f"the resumed run's losses differ from attempt 1's after step {restored}: "
                          f"max difference {difference} over steps {compared}")
     return outcome
+
+
+def read_best(destination: str, storage: dict[str, str]) -> dict | None:
+    """The store's evals/best.json (the promoted package), None when no result was ingested."""
+    from lmforge.demo.stages.storage import demo_store
+
+    store = demo_store(destination, storage)
+    try:
+        data = store.get_bytes("evals/best.json")
+        return json.loads(data) if data is not None else None
+    finally:
+        store.close()
 
 
 def uploaded_steps(destination: str, storage: dict[str, str]) -> list[int]:
