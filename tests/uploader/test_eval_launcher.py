@@ -183,6 +183,33 @@ def test_sigterm_drains_running_jobs_and_launches_nothing_new(setup):
     assert [r["step"] for r in s.records()] == [10] and [r["step"] for r in s.runs()] == [10]
 
 
+
+def test_a_local_job_outlives_a_stop_signalled_to_the_sidecars_group_and_one_cut_short_is_left_to_the_next(setup):
+    """A pod's SIGTERM (the demo's supervisor: the sidecar's process group) reaches the sidecar only: its
+    job runs on within the drain. A job that ends while the sidecar stops is not a failed evaluation:
+    nothing is recorded, and the next sidecar launches it again."""
+    import os
+
+    s = setup({10: {"sleep": 0.6}, 20: {"fail": 1}}, max_concurrent=2)
+    s.package(10)
+    s.launcher.step()
+    ((_, handle),) = s.launcher.running.values()
+    assert os.getpgid(s.launcher.runner._children[handle].pid) != os.getpgrp()  # a group signal misses it
+    s.launcher.request_stop()
+    s.launcher.drain(10, poll_seconds=0.05)
+    assert [r["step"] for r in s.records()] == [10]
+    s.package(20)
+    s.launcher.stopping.clear()
+    s.launcher.step()
+    s.launcher.request_stop()
+    wait_for(lambda: (s.launcher._poll(), not s.launcher.running)[1], 30, "the job to end")
+    assert [r["step"] for r in s.records()] == [10] and not (s.store / "evals" / "step-00000020.failed").exists()
+    again = s.new_launcher()
+    s.settle(again)
+    assert [r["step"] for r in s.records()] == [10, 20] and not s.records()[1].get("failed")
+    again.close()
+
+
 # -- the Kubernetes runner -------------------------------------------------------------------
 
 TEMPLATE = {"apiVersion": "batch/v1", "kind": "Job",

@@ -169,7 +169,10 @@ class EvalLauncher:
         return not self.stopping.is_set() or self.runner.outlives_sidecar
 
     def _job_failed(self, job: EvalJob) -> None:
-        if job.attempt == 1 and self._may_launch():
+        if not self._may_launch():  # ended with the sidecar (a local process): the next sidecar runs it again
+            log.warning("eval_job_interrupted", step=job.step, job=job.name, action="left to the next sidecar")
+            return
+        if job.attempt == 1:
             log.warning("eval_job_failed", step=job.step, job=job.name, action="retrying once")
             self._launch(EvalJob(job.run, job.step, job.package, job.out, attempt=2))
             return

@@ -95,8 +95,11 @@ class SubprocessRunner:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             output = open(self.log_dir / f"{step_name(job.step)}{'-retry' if job.attempt > 1 else ''}.log", "ab")  # noqa: SIM115
         try:
+            # A session of its own: a stop signalled to the sidecar's process group (a pod's SIGTERM, the
+            # demo's supervisor) leaves the job to finish within the drain; close() stops what is left.
             child = subprocess.Popen([*self.command, *job.args], stdout=output, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env={**os.environ, **(self.env or {})})
+                                     stdin=subprocess.DEVNULL, env={**os.environ, **(self.env or {})},
+                                     start_new_session=True)
         finally:
             if output is not subprocess.DEVNULL:
                 output.close()
