@@ -30,7 +30,7 @@ from tests.observability.page_charts import read_page, with_repeats
 from tests.ports import free_port
 from tests.processes import stop
 from tests.prometheus_tools import alerts, query, running_prometheus, running_pushgateway, static_job, targets_up
-from tests.serving import perturbed_package, running_server, train_tiny_package
+from tests.serving import perturbed_package, running_server, train_tiny_package, train_tokenizer
 from tests.trainer.helpers import random_output
 
 pytestmark = pytest.mark.slow
@@ -111,7 +111,8 @@ def stack(tmp_path_factory):
         stack.callback(inference.close)
         inference.serve(good)
 
-        data = random_output(work / "data")
+        # a real tokenizer: the evaluation jobs encode their harness task's text with it
+        data = random_output(work / "data", tokenizer=train_tokenizer(work / "tokenizer.json"))
         trainer_port, uploader_port = free_port(), free_port()
         run_dir = work / "train"
         trainer = stack.enter_context(background(

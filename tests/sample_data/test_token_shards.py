@@ -48,3 +48,23 @@ def train_tokens(root) -> list[int]:
     manifest = json.loads((root / "manifest.json").read_text())
     entries = read_split_index(manifest, "train", lambda rel: (root / rel).read_bytes(), str(root))
     return [token for entry in entries for token in open_shard(root / entry.path)[1].tolist()]
+
+
+def test_a_real_tokenizer_makes_the_data_sets_vocabulary(tmp_path):
+    """With `tokenizer`, the data set carries that tokenizer (its sha256 in the manifest, its id space as
+    the vocabulary): text encoded against the data set, as an evaluation job's tasks are, decodes."""
+    import hashlib
+    import json
+
+    from tokenizers import Tokenizer
+
+    from lmforge.sample_data.token_shards import synthetic_output
+    from tests.serving import train_tokenizer
+
+    path = train_tokenizer(tmp_path / "tokenizer.json", vocab_size=300)
+    out = synthetic_output(tmp_path / "data", train_tokens=4000, tokenizer=path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest["tokenizer"]["vocab_size"] == tokenizer.get_vocab_size() <= 300
+    assert tokenizer.decode(tokenizer.encode("a week has seven days").ids) == "a week has seven days"

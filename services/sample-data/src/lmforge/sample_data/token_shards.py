@@ -40,12 +40,18 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def synthetic_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_000, seed: int = 0,
-                     block_bytes: int = BLOCK_BYTES, document_tokens: int = 0) -> Path:
+                     block_bytes: int = BLOCK_BYTES, document_tokens: int = 0, tokenizer: Path | None = None) -> Path:
     """A noisy repeating pattern (so a model can learn), split into two train shards and a val shard;
     with document_tokens, documents of about that many tokens (geometric lengths) each ending with the
-    end-of-text token EOT_ID (which the pattern never uses)."""
+    end-of-text token EOT_ID (which the pattern never uses). The tokenizer.json is a stand-in, or
+    `tokenizer` (a real one, whose vocabulary size then wins) for what encodes text against the data
+    set, e.g. an evaluation job's harness tasks."""
     root.mkdir(parents=True, exist_ok=True)
-    stand_in = json.dumps({"stand_in_tokenizer": True, "vocab_size": vocab_size}).encode()
+    if tokenizer is not None:
+        stand_in = tokenizer.read_bytes()
+        vocab_size = tokenizer_vocab_size(stand_in)
+    else:
+        stand_in = json.dumps({"stand_in_tokenizer": True, "vocab_size": vocab_size}).encode()
     (root / "tokenizer.json").write_bytes(stand_in)
     rng = np.random.default_rng(seed)
     pattern = rng.integers(1, vocab_size, 97)
@@ -59,3 +65,11 @@ def synthetic_output(root: Path, vocab_size: int = 256, train_tokens: int = 40_0
     return write_output(root, {"train": [tokens[: train_tokens // 2], tokens[train_tokens // 2 :]], "val": [val]},
                         vocab_size=vocab_size, tokenizer_sha=hashlib.sha256(stand_in).hexdigest(),
                         block_bytes=block_bytes)
+
+
+def tokenizer_vocab_size(tokenizer_json: bytes) -> int:
+    """The id space of a Hugging Face tokenizers file: one past the largest id of its vocabulary and
+    added tokens."""
+    body = json.loads(tokenizer_json)
+    ids = [*body["model"]["vocab"].values(), *(t["id"] for t in body.get("added_tokens") or [])]
+    return max(ids) + 1
