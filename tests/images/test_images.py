@@ -276,8 +276,17 @@ def test_the_flow_through_the_images(build, tmp_path):
     assert local_shards(data / "prep")
     engine("run", *flags, "--shm-size", "256m", trainer, "run", "--nproc", "2", "data.sources=[{path: /data/prep}]",
            "parallel.mode=fsdp", "steps=6", "data.seq_len=64", "data.batch_size=2", "eval_every=3",
-           "checkpoint.every=3", "log_every=2", "run_dir=/data/train", timeout=300)
+           "checkpoint.every=3", "checkpoint.weights_every=3", "log_every=2", "run_dir=/data/train", timeout=300)
     checkpoint = sorted((data / "train" / "checkpoints").glob("step-*"))[-1]
+    # The checkpoint evaluation job (what the uploader sidecar launches per weights package), offline:
+    # held-out loss and an lm-evaluation-harness task from local files.
+    shutil.copytree(REPO / "tests" / "fixtures" / "eval_tasks", data / "tasks")
+    engine("run", *flags, trainer, "eval-checkpoint", "--package", "file:///data/train/weights/step-00000005",
+           "--step", "5", "--out", "file:///data/evals/step-00000005.json", "--data", "prep=/data/prep",
+           "--tasks", "/data/tasks", "--max-sequences", "4", timeout=300)
+    result = json.loads((data / "evals" / "step-00000005.json").read_text())
+    assert result["step"] == 5 and result["heldout"]["prep"]["loss"] > 0
+    assert 0 <= result["tasks"]["lmforge_tiny_mc"]["acc"] <= 1
     engine("run", *flags, trainer, "export", "--checkpoint", f"/data/train/checkpoints/{checkpoint.name}",
            "--output", "/data/model")
     port = free_port()

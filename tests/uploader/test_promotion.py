@@ -38,6 +38,11 @@ def test_scores_best_and_regressions():
     assert regressed(30, results[30], earlier, 0.1, 0.5) == ["tiny_mc/acc", "heldout/val"]
     assert regressed(30, result(30, 2.9, 0.75), earlier, 0.1, 0.5) == []  # within both thresholds
     assert regressed(15, result(15, 3.0, 0.45), earlier, 0.1, 0.5) == ["tiny_mc/acc"]  # only steps up to its own
+    # a weighted set: accuracy up, held-out loss down, in one number to maximize
+    combined = "2*tiny_mc/acc + -0.5*heldout/loss"
+    assert score_of(results[10], combined) == pytest.approx(2 * 0.6 - 0.5 * 3.0)
+    assert best(results, combined, "max") == (20, pytest.approx(2 * 0.8 - 0.5 * 2.5))
+    assert score_of(results[10], "tiny_mc/acc + other/acc") is None  # a term missing: no score, never the best
 
 
 class Run:
@@ -137,6 +142,9 @@ def test_promotion_settings_are_checked():
         UploaderConfig.model_validate({"evaluation": {"enabled": True}})
     with pytest.raises(ValueError, match="TASK/METRIC"):
         UploaderConfig.model_validate({"evaluation": {"score": "acc"}})
+    with pytest.raises(ValueError, match="weighted sum"):
+        UploaderConfig.model_validate({"evaluation": {"score": "half*a/acc + b/acc"}})
+    assert UploaderConfig.model_validate({"evaluation": {"score": "0.5*a/acc + 0.5*b/acc_norm"}})
 
 
 def test_the_uploader_imports_no_torch():

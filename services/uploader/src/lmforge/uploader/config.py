@@ -47,7 +47,9 @@ class EvaluationSection(StrictModel):
     namespace: str = Field("", description="kubernetes runner: the Jobs' namespace ('' = the pod's: the service "
                            "account's namespace file, else LMFORGE_NAMESPACE)")
     score: str = Field("heldout/loss", min_length=1, description="what ranks checkpoints: \"TASK/METRIC\" of "
-                       "the result's tasks, or \"heldout/loss\" (mean held-out loss over sources)")
+                       "the result's tasks, or \"heldout/loss\" (mean held-out loss over sources), or a weighted "
+                       "sum of those, e.g. \"0.5*arc_easy/acc + 0.5*hellaswag/acc_norm\" (a checkpoint missing a "
+                       "term has no score)")
     mode: Literal["max", "min"] = Field("min", description="whether a higher or a lower score is better")
     score_drop: float = Field(0.1, ge=0, description="a task metric this far below its best so far is regressed")
     loss_rise: float = Field(0.5, ge=0, description="a held-out loss this far above its best so far is regressed")
@@ -68,9 +70,26 @@ class EvaluationSection(StrictModel):
             raise ValueError("evaluation.runner=kubernetes needs evaluation.job_template")
         if self.promote == "pointer" and not (self.pointer and self.models_store):
             raise ValueError("evaluation.promote=pointer needs evaluation.pointer and evaluation.models_store")
-        if self.score != "heldout/loss" and "/" not in self.score.strip("/"):
-            raise ValueError(f"evaluation.score {self.score!r}: expected TASK/METRIC or heldout/loss")
+        score_terms(self.score)
         return self
+
+
+def score_terms(score: str) -> list[tuple[float, str]]:
+    """`evaluation.score` as (weight, name) terms: "a/acc" is [(1.0, "a/acc")]; "0.5*a/acc + 0.5*b/acc"
+    two terms; a name is TASK/METRIC or heldout/loss."""
+    terms = []
+    for part in score.split("+"):
+        weight, _, name = part.strip().rpartition("*")
+        name = name.strip()
+        try:
+            value = float(weight) if weight.strip() else 1.0
+        except ValueError:
+            value = None
+        if value is None or "/" not in name.strip("/"):
+            raise ValueError(f"evaluation.score {score!r}: expected TASK/METRIC, heldout/loss, or a weighted sum "
+                             "of them such as 0.5*a/acc + 0.5*b/acc_norm")
+        terms.append((value, name))
+    return terms
 
 
 class UploaderConfig(StrictModel):

@@ -1,8 +1,8 @@
 """Which evaluated checkpoint is best, and what promoting it does.
 
 A result's score is one number (`evaluation.score`): a task metric of its `tasks`, or
-"heldout/loss", the mean held-out loss over its sources; `mode` says whether higher or lower is
-better. Only a strictly better score than the best so far is a new best, and only a new best
+"heldout/loss", the mean held-out loss over its sources, or a weighted sum of those; `mode` says
+whether higher or lower is better. Only a strictly better score than the best so far is a new best, and only a new best
 is promoted: a regressed checkpoint (one zeroed, or diverged) never is.
 
 Promotion (`evaluation.promote`):
@@ -27,7 +27,7 @@ from lmforge.common.logging import get_logger
 from lmforge.common.storage import sha256_file
 from lmforge.common.store import Store
 from lmforge.model.pointer import point_to, read_pointer
-from lmforge.uploader.config import EvaluationSection
+from lmforge.uploader.config import EvaluationSection, score_terms
 from lmforge.uploader.manifest import BEST_FILE
 
 log = get_logger("uploader")
@@ -44,10 +44,21 @@ def heldout_loss(result: dict) -> float | None:
 
 
 def score_of(result: dict, score: str) -> float | None:
-    """The result's score: "heldout/loss", or "TASK/METRIC" of its tasks (None when it has none)."""
-    if score == HELDOUT_LOSS:
+    """The result's score: "heldout/loss", "TASK/METRIC" of its tasks, or a weighted sum of those
+    (config.score_terms); None when a term is missing."""
+    total = 0.0
+    for weight, name in score_terms(score):
+        value = _term(result, name)
+        if value is None:
+            return None
+        total += weight * value
+    return total
+
+
+def _term(result: dict, name: str) -> float | None:
+    if name == HELDOUT_LOSS:
         return heldout_loss(result)
-    task, _, metric = score.partition("/")
+    task, _, metric = name.partition("/")
     value = ((result.get("tasks") or {}).get(task) or {}).get(metric)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
