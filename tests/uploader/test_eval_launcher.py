@@ -184,6 +184,21 @@ def test_sigterm_drains_running_jobs_and_launches_nothing_new(setup):
 
 
 
+def test_a_record_cut_short_by_a_crash_does_not_swallow_the_next_one(setup):
+    s = setup({10: {}, 20: {}}, max_concurrent=1)
+    s.package(10)
+    s.settle()
+    with open(s.run_dir / "evals.jsonl", "a") as fh:
+        fh.write('{"kind": "checkpoint_eval", "step": 2')  # the sidecar died mid-write
+    again = s.new_launcher()
+    s.package(20)
+    s.settle(again)
+    lines = (s.run_dir / "evals.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and lines[1].endswith('"step": 2')
+    assert [json.loads(lines[i])["step"] for i in (0, 2)] == [10, 20]
+    again.close()
+
+
 def test_a_local_job_outlives_a_stop_signalled_to_the_sidecars_group_and_one_cut_short_is_left_to_the_next(setup):
     """A pod's SIGTERM (the demo's supervisor: the sidecar's process group) reaches the sidecar only: its
     job runs on within the drain. A job that ends while the sidecar stops is not a failed evaluation:

@@ -64,14 +64,16 @@ class EvalLauncher:
         self.running: dict[int, tuple[EvalJob, object]] = {}
         self.pending: list[int] = []  # packages waiting for a slot, after the last pass
         self.best: tuple[int, float] | None = None
+        self._cut_line = False
         self._load_records()
 
     def _load_records(self) -> None:
         try:
-            lines = self.records_path.read_text().splitlines()
+            text = self.records_path.read_text()
         except FileNotFoundError:
             return
-        for line in lines:
+        self._cut_line = bool(text) and not text.endswith("\n")  # the next record starts on a line of its own
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
@@ -228,7 +230,8 @@ class EvalLauncher:
         self.recorded.add(record["step"])
         self.records_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.records_path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(("\n" if self._cut_line else "") + json.dumps(record) + "\n")
+        self._cut_line = False
 
     # -- the end -------------------------------------------------------------------------
 
