@@ -104,7 +104,8 @@ def test_shards_exist_and_decode(demo):
 def test_the_resumed_loss_continues_the_interrupted_curve(demo):
     platform, printed = demo
     train = platform.workdir / "train"
-    assert sorted(p.name for p in train.iterdir()) == ["run"]  # attempt 1's checkpoints went with its pod
+    # attempt 1's checkpoints went with its pod; evaluation/: the sidecar's evaluation config and task
+    assert sorted(p.name for p in train.iterdir()) == ["evaluation", "run"]
     records = read_records(train / "run" / "metrics.jsonl")
     attempts = by_attempt(records)
     assert sorted(attempts) == [1, 2]

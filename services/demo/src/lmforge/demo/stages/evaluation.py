@@ -42,7 +42,8 @@ def write_continuation_task(data_dir: Path, folder: Path, questions: int) -> Pat
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / f"{TASK}.jsonl"
     data.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    task = {"task": TASK, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+    # data_files relative to the folder (the job runs the harness there): it stays valid once moved
+    task = {"task": TASK, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": data.name}},
             "test_split": "test", "output_type": "multiple_choice", "doc_to_text": "{{question}}",
             "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}", "metric_list": [{"metric": "acc"}]}
     (folder / f"{TASK}.yaml").write_text(yaml.safe_dump(task, sort_keys=False), encoding="utf-8")

@@ -129,8 +129,9 @@ def train_with_interruption(supervisor: Supervisor, train: TrainSection, data_di
     checkpoints, metrics = run_dir / "checkpoints", run_dir / "metrics.jsonl"
     evaluation = None
     if train.weights_every:
-        tasks = write_continuation_task(data_dir, out / "eval-tasks", questions=24)
-        evaluation = write_uploader_config(out / "uploader.yaml", train, data_dir, tasks, pushgateway, s3_endpoint)
+        tasks = write_continuation_task(data_dir, out / "evaluation" / "tasks", questions=24)
+        evaluation = write_uploader_config(out / "evaluation" / "uploader.yaml", train, data_dir, tasks, pushgateway,
+                                           s3_endpoint)
     zeroed = last_weights_step(train) if train.break_last_weights else None
 
     def tick() -> None:
