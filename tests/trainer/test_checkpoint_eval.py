@@ -8,7 +8,7 @@ held-out data sources and the multiple-choice task in tests/fixtures/eval_tasks:
 - a zeroed package scores a higher held-out loss (ln V: uniform); the pushed series (a real Pushgateway)
   carry the best-so-far over the results of steps up to the job's own, and a job that finishes after a
   later step's does not overwrite its push;
-- the same job with package, data and result in S3 (moto);
+- the same job with package, data, task directory and result in S3 (moto);
 - exit codes: a missing package 3, bad flags 2, a generation task 2."""
 
 from __future__ import annotations
@@ -246,10 +246,13 @@ def test_packages_data_and_results_in_s3(world, s3):
     client = make_bucket("evals")
     upload_tree(client, "evals", world["good"], "run/weights/step-00000010")
     upload_tree(client, "evals", world["data"]["code"], "data/code")
+    upload_tree(client, "evals", TASKS, "tasks")  # a task directory kept in object storage
     out = "s3://evals/run/evals/step-00000010.json"
     assert cli(["eval-checkpoint", "--package", "s3://evals/run/weights/step-00000010", "--step", "10",
-                "--out", out, "--data", "code=s3://evals/data/code", "--max-sequences", str(MAX_SEQUENCES)]) == 0
+                "--out", out, "--data", "code=s3://evals/data/code", "--max-sequences", str(MAX_SEQUENCES),
+                "--tasks", "s3://evals/tasks"]) == 0
     result = json.loads(open_store("s3://evals/run/evals").read_bytes("step-00000010.json"))
+    assert 0 <= result["tasks"]["lmforge_tiny_mc"]["acc"] <= 1
     assert result["tokens"] == 10 * 4 * 64
     assert result["heldout"]["code"]["loss"] == pytest.approx(direct_loss(world["good"], world["data"]["code"]),
                                                               abs=1e-5)

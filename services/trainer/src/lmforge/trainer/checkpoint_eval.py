@@ -146,6 +146,27 @@ def metric_name(key: str) -> str | None:
     return metric if filt == "none" else key
 
 
+def task_folder(uri: str, scratch: Path) -> Path:
+    """A local folder holding the tasks at `uri`: a path or file:// as it is; an s3:// prefix (a
+    task directory kept in object storage) downloaded to `scratch`, every object under it."""
+    from lmforge.common.storage import open_store
+    from lmforge.common.store import local_path_of, scheme_of
+
+    if scheme_of(uri) != "s3":
+        return local_path_of(uri)
+    store = open_store(uri.rstrip("/") + "/")
+    try:
+        names = store.list("")
+        if not names:
+            raise InputError(f"--tasks {uri}: nothing stored under it")
+        for rel in names:
+            (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+            store.download(rel, scratch / rel)
+    finally:
+        store.close()
+    return scratch
+
+
 def run_tasks(lm, tasks_dir: str | Path, *, log_samples: bool = False) -> tuple[dict[str, dict[str, float]], dict]:
     """Every task in `tasks_dir` on `lm`: ({task: {metric: value}}, lm_eval's whole results dict)."""
     import lm_eval
@@ -243,7 +264,7 @@ def evaluate_checkpoint(request: EvalRequest) -> dict:
         if request.tasks:
             harness_environment()
             lm = LmforgeLM(model, path / TOKENIZER, device=request.device, batch_size=request.batch_size)
-            tasks, _ = run_tasks(lm, request.tasks)
+            tasks, _ = run_tasks(lm, task_folder(request.tasks, work / "tasks"))
             log.info("tasks_evaluated", tasks=tasks)
         return {"step": request.step, "tokens": extra.get("tokens"), "package": request.package,
                 "heldout": heldout, "tasks": tasks, "seconds": round(time.monotonic() - started, 3),
@@ -427,7 +448,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, help="where the result JSON goes: <dest>/evals/step-NNNNNNNN.json")
     parser.add_argument("--data", action="append", default=[], metavar="NAME=URI",
                         help="a data-prep output whose val split is held out (repeatable)")
-    parser.add_argument("--tasks", metavar="DIR", help="lm-evaluation-harness task YAMLs (and their data files)")
+    parser.add_argument("--tasks", metavar="DIR", help="lm-evaluation-harness task YAMLs (and their data files): "
+                        "a folder, or an s3:// prefix downloaded first")
     parser.add_argument("--max-sequences", type=int, default=64,
                         help="held-out windows per source (the first N of the val split)")
     parser.add_argument("--batch-size", type=int, default=8)
