@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SETUP_STAMP := $(VENV)/.lmforge-setup
-SERVICES := services/common services/model services/pages services/dataprep services/trainer services/uploader services/inference services/canary
+SERVICES := services/common services/model services/pages services/trace services/dataprep services/trainer services/uploader services/inference services/canary
 # lmforge.demo: `make demo`, every service as a local process (not an image).
 DEMO_PACKAGE := services/demo
 # lmforge.sample_data: synthetic inputs for the demo, the tests and the benchmarks (in no image).
@@ -70,7 +70,7 @@ image_env = CONTAINER_ENGINE="$(CONTAINER_ENGINE)" CONTAINER_BUILD_FLAGS="$(CONT
 
 .PHONY: help setup system-packages demo demo-stop docs test test-fast lint pipelines bench-dataprep bench-quality-steps \
 	bench-dataprep-scaling bench-dataprep-crawl bench-html-extraction bench-train-memory \
-	bench-train-throughput bench-checkpoint bench-weights bench-upload bench-serve bench-serve-engine bench-serve-split bench-gpu clean
+	bench-train-throughput bench-checkpoint bench-weights bench-trace bench-upload bench-serve bench-serve-engine bench-serve-split bench-gpu clean
 .DEFAULT_GOAL := help
 
 # Every target with a `## ` note, one line each (image-SERVICE's note is its own `## ` line).
@@ -166,6 +166,9 @@ bench-checkpoint: setup ## how long a checkpoint blocks a training step, async a
 
 bench-weights: setup ## what weights-only packages (checkpoint.weights_every) cost the training step: mean step time on/off
 	$(PY) bench/weights_overhead.py
+
+bench-trace: setup ## the trace index at 1x/4x/16x of 100 M tokens of real text: build tokens/s/core, bytes/token, memory per task; trace latency at 100 M and 1 B tokens
+	$(PY) bench/trace_index.py
 
 bench-upload: setup ## the checkpoint uploader against boto3's upload_file
 	$(PY) bench/upload_bench.py

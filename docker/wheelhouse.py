@@ -44,12 +44,13 @@ LOCKS = REPO / "docker" / "locks"
 # executor): the data steps in dataprep, training/export/evaluation/rollout in trainer, whose
 # export step restores checkpoints with `lmforge-uploader restore`.
 IMAGES: dict[str, list[tuple[str, str]]] = {
-    "dataprep": [("services/common", ""), ("services/pages", ""), ("services/model", ""), ("services/dataprep", ""),
-                 ("pipelines", "data")],
+    "dataprep": [("services/common", ""), ("services/pages", ""), ("services/model", ""), ("services/trace", ""),
+                 ("services/dataprep", ""), ("pipelines", "data")],
     "trainer": [("services/common", ""), ("services/pages", ""), ("services/model", "torch"),
                 ("services/trainer", "tracking,eval"), ("services/uploader", ""), ("pipelines", "train")],
     "uploader": [("services/common", ""), ("services/model", ""), ("services/uploader", "")],
-    "inference": [("services/common", ""), ("services/model", "torch"), ("services/inference", "")],
+    "inference": [("services/common", ""), ("services/model", "torch"), ("services/trace", ""),
+                  ("services/inference", "")],
     "canary": [("services/common", ""), ("services/canary", "")],
 }
 # Folders of the repository an image carries besides its wheels: {image: [(folder, name in the

@@ -13,6 +13,7 @@ from pathlib import Path
 import markdown
 import pytest
 
+from lmforge.dataprep.stages import GLOBAL_STAGES
 from lmforge.tooling.github_markdown import to_python_markdown
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,8 @@ def test_the_site_builds_strict_and_offline(tmp_path):
     html = {name: (site / name).read_text() for name in built}
     assert "flowchart LR" in html["index.html"]  # the README's picture, taken from the README
     assert "<td><code>minhash.num_perm</code></td>" in html["configuration.html"]
-    assert "run|combine|dedup|components|tokenizer|tokenize|shards|report|finalize" in html["configuration.html"]
+    stage_commands = ["run", *(stage.name for stage in GLOBAL_STAGES), "finalize"]  # the CLI's, from the stage list
+    assert "|".join(stage_commands) in html["configuration.html"]
     # GitHub's anchors (a link works on both; the alerts' runbook links point at GitHub's): "python -m" keeps both
     # dashes, where MkDocs' own slugs would merge them.
     assert 'id="trainer-lmforge-train-python--m-lmforgetrainer"' in html["configuration.html"]

@@ -16,7 +16,11 @@ ALLOWED = {
     "lmforge.common": set(),
     "lmforge.pages": set(),
     "lmforge.model": {"lmforge.common"},
+    "lmforge.trace": {"lmforge.common"},
     **{service: {"lmforge.common", "lmforge.model", "lmforge.pages"} for service in SERVICES},
+    # the trace index: data prep builds it, the server searches it (the canary asks the server over HTTP)
+    **{service: {"lmforge.common", "lmforge.model", "lmforge.pages", "lmforge.trace"}
+       for service in ("lmforge.dataprep", "lmforge.inference")},
     "lmforge.sample_data": {"lmforge.common", "lmforge.model"},
     "lmforge_pipelines": {"lmforge.common", "lmforge.model", "lmforge.dataprep", "lmforge.trainer",
                           "lmforge.sample_data"},

@@ -208,3 +208,21 @@ def test_scoring_through_completions_equals_the_score_endpoint(good_server):
     for text in SENTENCES[:3]:
         direct = httpx.post(f"{good_server}/v1/score", json={"text": text}, timeout=30).json()["token_logprobs"][1:]
         assert client.score(text, item="t") == pytest.approx(direct, abs=1e-4)
+
+
+def test_server_without_a_trace_index_passes_and_says_not_traced(eval_set, good_server, pushgateway):
+    """A real lmforge-serve serving no trace index answers 404 on /v1/trace."""
+    result = run_canary("--endpoint", good_server, "--eval-set", str(eval_set), "--pushgateway", pushgateway,
+                        "--set", "push.grouping.run=notrace")
+    assert result.code == 0, str(result)
+    assert "memorization: not traced (HTTP 404: this server traces nothing: it has no trace index" in result.stderr
+    assert "RESULT: PASS" in result.stderr
+    assert result.event("memorization_not_traced")["reason"].startswith("HTTP 404")
+    group = {"job": "lmforge-canary", "model": "canary-good", "run": "notrace"}
+    assert pushed_value(pushgateway, "lmforge_canary_passed", **group) == 1
+    assert pushed_value(pushgateway, "lmforge_canary_memorized_token_ratio", **group) is None
+    # Disabled: nothing is traced and the table says so.
+    off = run_canary("--endpoint", good_server, "--eval-set", str(eval_set), "--set", "memorization.enabled=false")
+    assert off.code == 0, str(off)
+    assert "memorization: not measured" in off.stderr
+    assert not [e for e in off.logs if e["event"].startswith("memorization")]

@@ -561,7 +561,7 @@ def test_wall_time_is_the_sum_of_recorded_phases(moved_run, moved_report):
     wall = report["totals"]["wall_seconds"]
     assert wall is not None and wall > 0  # the finalize path used to leave it None ("0 s")
     phases = {p["name"]: p for p in report["phases"]}
-    assert list(phases) == list(PHASES)
+    assert list(phases) == [name for name in PHASES if name != "trace-index"]  # the trace index is off here
     assert all(p["wall_seconds"] > 0 and p["processes"] >= 1 for p in phases.values()), phases
     assert phases["inputs"]["processes"] == 2  # both workers recorded their part
     assert wall == pytest.approx(sum(p["wall_seconds"] for p in phases.values()), abs=0.01)
@@ -610,7 +610,7 @@ def test_real_report_workers_config_and_secrets(moved_report):
     report, page = moved_report
     rows = report["workers"]
     mains = {w["phase"] for w in rows if w["task"] == "main process"}
-    assert mains == set(PHASES)
+    assert mains == set(PHASES) - {"trace-index"}  # the trace index is off here: the stage had nothing to do
     assert all(w["peak_rss_bytes"] > 0 for w in rows)
     assert sum(1 for w in rows if w["phase"] == "tokenize" and w["task"] == "tokenize") == 3
     [failed] = [w for w in rows if w["error"]]

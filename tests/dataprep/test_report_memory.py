@@ -73,7 +73,8 @@ def _write_input(store: LocalStore, config: DataprepConfig, i: int, uri: str) ->
     with ArrowRowWriter(store, layout.token_index(i), TOKEN_INDEX_SCHEMA, 1000) as index:
         for record in range(max(docs_in - 1, 0)):
             index.add({"doc_id": make_doc_id(i, record), "url": f"https://site-{i}.example/{record}",
-                       "content_sha256": "cd" * 32, "token_start": 500 * record, "token_count": 100 + 37 * record})
+                       "content_sha256": "cd" * 32, "token_start": 500 * record, "token_count": 100 + 37 * record,
+                       "record_id": f"<urn:uuid:{i:06d}-{record:08d}>"})
 
 
 def synthetic_run(root, n_inputs: int) -> Run:

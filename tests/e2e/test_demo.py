@@ -101,6 +101,26 @@ def test_shards_exist_and_decode(demo):
     assert ".staging" not in (data / "report.json").read_text() + (data / "report.html").read_text()
 
 
+def test_a_training_passage_traces_back_to_its_documents_url(demo):
+    """Data prep → trace index → the served model → /v1/trace names the passage's document, as its lineage
+    (its WET record's URL) records it; the completion's trace rides on the choice; the summary shows both."""
+    platform, printed = demo
+    data = platform.workdir / "data"
+    index = json.loads((data / "trace-index" / "index.json").read_text())
+    train = [s for s in local_shards(data) if s["split"] == "train"]
+    assert index["tokens"] == sum(s["tokens"] - s["documents"] for s in train)  # every train token, EOTs dropped
+    assert index["documents"] == sum(s["documents"] for s in train)
+    trace = platform.summary["serve"]["trace"]
+    assert trace["found"] and trace["longest"] >= 32 and trace["count"] >= 1
+    assert trace["url"].startswith("http")
+    url, key = platform.summary["serve"]["url"], platform.summary["serve"]["api_key"]
+    traced = httpx.post(f"{url}/v1/trace", json={"text": trace["text"], "max_documents": 50},
+                        headers={"Authorization": f"Bearer {key}"}, timeout=60).json()
+    assert trace["url"] in {d["url"] for s in traced["spans"] for d in s["documents"]}
+    assert httpx.post(f"{url}/v1/trace", json={"text": trace["text"]}, timeout=60).status_code == 401
+    assert f"its own document ({trace['url']}) named" in printed
+
+
 def test_the_resumed_loss_continues_the_interrupted_curve(demo):
     platform, printed = demo
     train = platform.workdir / "train"

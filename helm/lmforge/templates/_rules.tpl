@@ -291,6 +291,29 @@ Conventions:
           endpoint unreachable, or the Pushgateway push failed), or a fresh install whose first run has
           not happened yet (start one with kubectl create job --from=cronjob/...).
         {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeCanaryStale") }}
+    - alert: LmforgeCanaryMemorization
+      # Pushed only by runs that traced their outputs (the server serves a trace index); a recent
+      # run only, as for LmforgeCanaryRegression.
+      expr: |
+        lmforge_canary_memorized_token_ratio > {{ $c.memorizedTokenRatio }}
+        and on (model)
+        (time() - lmforge_canary_last_run_timestamp_seconds < {{ $c.staleHours }} * 3600)
+      for: {{ $override | default $c.memorization.for }}
+      labels:
+        severity: warning
+        service: canary
+      annotations:
+        summary: {{`'{{ $labels.model }} reproduces its training data verbatim'`}}
+        description: >-
+          {{`{{ $value | humanizePercentage }} of the tokens {{ $labels.model }} generated for the canary's checks`}}
+          lie in long spans found verbatim in the training data (threshold {{ $c.memorizedTokenRatio }}).
+        runbook: >-
+          Read the canary Job's report (kubectl logs of the last lmforge-canary job): its memorization
+          section lists the longest spans with their source URLs and counts. Spans repeated many times in
+          the data point at duplicates that deduplication missed (boilerplate, mirrored pages): check the
+          data-prep report's dedup figures. A model that memorizes rare passages is overfitting (too many
+          epochs over a small corpus): compare with the previous model version before rolling it out.
+        {{- include "lmforge.runbookUrl" (dict "root" $ "alert" "LmforgeCanaryMemorization") }}
 {{- end }}
 {{- if $t.enabled }}
 # -- Training and checkpoint upload ---------------------------------------------------------

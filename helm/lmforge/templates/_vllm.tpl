@@ -10,7 +10,10 @@ keeps the Deployment, Service, HPA and PDB of both backends):
   (https://docs.vllm.ai/en/stable/usage/metrics/). The API key is the first line of the keys
   file, exported as VLLM_API_KEY (vLLM takes one key; `--api-key` in argv would show in ps);
 - non-root like every lmforge pod (the image's default user is root): HOME and every cache vLLM,
-  torch, Triton and Hugging Face write go to the `cache` emptyDir; /dev/shm is a memory emptyDir.
+  torch, Triton and Hugging Face write go to the `cache` emptyDir; /dev/shm is a memory emptyDir;
+- with inference.trace, container `trace` (templates/_trace.tpl): the lmforge inference image's
+  standalone trace service, serving /v1/trace on inference.trace.tracePort from the `trace-cache`
+  emptyDir, with the same API keys file.
 
 vLLM loads the model once: a moved pointer reaches it only through new pods. The rollout
 (lmforge_pipelines.rollout) restarts the Deployment after moving the pointer (the pod template's
@@ -23,6 +26,7 @@ never a package, so `helm upgrade` renders the same pod and new pods fetch the r
 {{- $v := $i.vllm -}}
 {{- $keys := "/var/run/secrets/lmforge/api-keys/keys" -}}
 {{- $servedName := $i.modelName | default (base (trimSuffix "/" $i.model)) -}}
+{{- $trace := include "lmforge.traceEnabled" $root | eq "true" -}}
 initContainers:
   - name: fetch-model
     image: {{ include "lmforge.image" (dict "root" $root "service" "inference") }}
@@ -151,6 +155,9 @@ containers:
         mountPath: /var/run/secrets/lmforge/api-keys
         readOnly: true
       {{- end }}
+  {{- if $trace }}
+  {{- include "lmforge.traceContainer" $root | nindent 2 }}
+  {{- end }}
 volumes:
   # The Hugging Face format package (inference.tmpSizeLimit).
   - name: model
@@ -173,6 +180,9 @@ volumes:
       items:
         - key: {{ $i.apiKeys.key }}
           path: keys
+  {{- end }}
+  {{- if $trace }}
+  {{- include "lmforge.traceCacheVolume" $root | nindent 2 }}
   {{- end }}
 {{- end -}}
 

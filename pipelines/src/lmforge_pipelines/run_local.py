@@ -33,6 +33,8 @@ def build_cli() -> ServiceCli:
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--shard-tokens", type=int, default=200_000)
     parser.add_argument("--val-fraction", type=float, default=0.02)
+    parser.add_argument("--trace-index", action="store_true",
+                        help="also build the exact-match trace index over the training tokens (trace_index.enabled)")
     parser.add_argument("--data-only", action="store_true", help="run the data pipeline only")
     parser.add_argument("--summary", help="also write the JSON summary to this file")
     parser.add_argument("--steps", type=int, default=60)
@@ -62,7 +64,8 @@ def _run(args: argparse.Namespace, _config: None) -> int:
         crawl=args.crawl, shards=args.shards, workers=args.workers, languages=args.languages,
         output=str(workdir / "data"), stage_tasks=split_stage_tasks(args.workers),
         dataprep_config={"tokenizer": {"vocab_size": args.vocab_size}, "components": {"max_rounds": args.rounds},
-                         "shards": {"shard_tokens": args.shard_tokens, "val_fraction": args.val_fraction}})
+                         "shards": {"shard_tokens": args.shard_tokens, "val_fraction": args.val_fraction},
+                         "trace_index": {"enabled": args.trace_index}})
     summary = {"data": data.outputs["data"], "report_html": data.outputs["report"].path}
     if not args.data_only:
         summary.update(_train(args, workdir, data))

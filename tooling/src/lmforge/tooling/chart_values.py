@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Required
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
 from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
@@ -215,21 +215,26 @@ class DataprepIndexedStage(DataprepStage, total=False):
         "Indexed-Job completions: the stage's tasks are split into this many slices (--num-workers)"))]]
     parallelism: Required[Annotated[int, Field(ge=1, le=10000, description="pods running at once (≤ tasks)")]]
     processes: Required[Annotated[int, Field(ge=1, le=256, description="local processes per pod (--workers)")]]
+    scratch: Annotated[str, Field(pattern=QUANTITY, description=(
+        "size limit of a /scratch emptyDir, the pods' TMPDIR (unset: none; trace-index builds its index there)"))]
 
 
-class DataprepStages(Section, total=False):
-    """One entry per global stage of lmforge.dataprep.stages (tests/deploy/test_chart_render.py holds them equal)."""
-
-    combine: Required[Annotated[DataprepIndexedStage, Field(
-        description="dedup keys gathered per input group and range of dedup partitions")]]
-    dedup: Required[Annotated[DataprepIndexedStage, Field(description="dedup, by dedup partition")]]
-    components: Required[Annotated[DataprepIndexedStage, Field(description=(
+# One entry per global stage of lmforge.dataprep.stages (tests/deploy/test_chart_render.py holds them equal),
+# under the stage's name: "trace-index" is no Python name, hence the functional form.
+DataprepStages = with_config(ConfigDict(extra="forbid"))(TypedDict("DataprepStages", {
+    "combine": Required[Annotated[DataprepIndexedStage, Field(
+        description="dedup keys gathered per input group and range of dedup partitions")]],
+    "dedup": Required[Annotated[DataprepIndexedStage, Field(description="dedup, by dedup partition")]],
+    "components": Required[Annotated[DataprepIndexedStage, Field(description=(
         "the duplicate clusters' connected components, one Indexed Job per round (config components.max_rounds), "
-        "by share of the graph's nodes"))]]
-    tokenizer: Required[Annotated[DataprepStage, Field(description="tokenizer training (one task)")]]
-    tokenize: Required[Annotated[DataprepIndexedStage, Field(description="tokenization, by input")]]
-    shards: Required[Annotated[DataprepIndexedStage, Field(description="shard writing, by shard partition")]]
-    report: Required[Annotated[DataprepStage, Field(description="manifest and report (one task)")]]
+        "by share of the graph's nodes"))]],
+    "tokenizer": Required[Annotated[DataprepStage, Field(description="tokenizer training (one task)")]],
+    "tokenize": Required[Annotated[DataprepIndexedStage, Field(description="tokenization, by input")]],
+    "shards": Required[Annotated[DataprepIndexedStage, Field(description="shard writing, by shard partition")]],
+    "trace-index": Required[Annotated[DataprepIndexedStage, Field(description=(
+        "the trace index (suffix arrays), by shard partition; a Job only with config trace_index.enabled"))]],
+    "report": Required[Annotated[DataprepStage, Field(description="manifest and report (one task)")]],
+}, total=False))
 
 
 class Dataprep(PodPlacement, total=False):
@@ -450,6 +455,24 @@ class Vllm(Section, total=False):
     shmSizeLimit: Annotated[str, Field(pattern=QUANTITY, description="size of the /dev/shm emptyDir (memory)")]
 
 
+class Trace(Section, total=False):
+    """/v1/trace from the trace index (the server config's trace.* fields; with vLLM a `trace` container)."""
+
+    enabled: Required[Annotated[bool, Field(description="serve /v1/trace (needs index)")]]
+    index: Required[Annotated[str, Field(pattern=r"^\S*$", description=(
+        "the trace index: a data-prep output's trace-index/ folder (s3://… or a path in the pod)"))]]
+    cacheSize: Required[Annotated[str, Field(pattern=QUANTITY, description=(
+        "size limit of the trace-cache emptyDir the index is downloaded to"))]]
+    maxConcurrent: Required[Annotated[int, Field(ge=1, le=64, description=(
+        "trace requests worked on at once per replica (trace.max_concurrent; more get 429)"))]]
+    timeoutSeconds: Required[Annotated[float, Field(gt=0, le=600, description=(
+        "a trace request's time limit, seconds (trace.timeout_s; then 504)"))]]
+    maxTokens: Required[Annotated[int, Field(ge=1, le=1_000_000, description=(
+        "the longest text traced, in tokens (trace.max_tokens; longer: 413)"))]]
+    tracePort: Annotated[Port, Field(description="backend vllm: the trace service's port (Service port trace)")]
+    resources: Annotated[Resources, Field(description="backend vllm: resources of the trace container")]
+
+
 class Inference(PodPlacement, total=False):
     enabled: Required[Annotated[bool, Field(description="deploy the inference server")]]
     backend: Annotated[Literal["lmforge", "vllm"], Field(description=(
@@ -483,6 +506,7 @@ class Inference(PodPlacement, total=False):
     livenessProbe: Annotated[Probe, Field(description="the /healthz probe")]
     terminationGracePeriodSeconds: Annotated[int, Field(ge=0, description="time to drain on shutdown")]
     topologySpread: Annotated[TopologySpread, Field(description="topologySpreadConstraints of the replicas")]
+    trace: Annotated[Trace, Field(description="/v1/trace: outputs traced to the training documents")]
 
 
 # -- canary -------------------------------------------------------------------------------------------
@@ -603,6 +627,9 @@ class CanaryAlerts(Section, total=False):
     staleHours: Annotated[float, Field(ge=1, description="hours after which a canary group is stale")]
     regression: Annotated[ForOnly, Field(description="LmforgeCanaryRegression")]
     stale: Annotated[ForOnly, Field(description="LmforgeCanaryStale")]
+    memorizedTokenRatio: Annotated[float, Field(ge=0, le=1, description=(
+        "LmforgeCanaryMemorization: share of the canary's generated tokens found verbatim in the training data"))]
+    memorization: Annotated[ForOnly, Field(description="LmforgeCanaryMemorization")]
 
 
 class StalledAlert(Section, total=False):

@@ -45,8 +45,9 @@ def _evaluate(args, config: CanaryConfig) -> tuple[EvalSet, EvalResult, Baseline
             get_logger("canary").warning("baseline_missing", baseline=args.baseline)
         else:
             ensure_comparable(baseline, evalset, args.baseline, args.eval_set)
-    with InferenceClient(args.endpoint, config.http, api_key, config.model) as client:
-        result = evaluate(client, evalset, config.default_max_tokens)
+    with InferenceClient(args.endpoint, config.http, api_key, config.model,
+                         trace_endpoint=config.memorization.endpoint) as client:
+        result = evaluate(client, evalset, config.default_max_tokens, config.memorization)
     return evalset, result, baseline
 
 

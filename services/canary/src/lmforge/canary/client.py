@@ -5,7 +5,9 @@ Connection errors, timeouts, 429 and 5xx are retried by the one retry policy
 what is left maps onto the CLI's exit codes:
 - unreachable, or still failing after the retries: EndpointError (exit 4);
 - 401/403 (missing or wrong API key), or a model the endpoint does not serve: ConfigError (2);
-- 400/422 for one eval item (a text or prompt that does not fit the model): InputError (3)."""
+- 400/422 for one eval item (a text or prompt that does not fit the model): InputError (3);
+- 404, or 503 still after the retries, from POST /v1/trace (a server without a trace index, or one
+  still loading it): RouteUnavailable, which the memorization measurement reports as "not traced"."""
 
 from __future__ import annotations
 
@@ -22,12 +24,19 @@ from lmforge.common.retry import describe
 
 API_KEY_ENV = "LMFORGE_CANARY_API_KEY"
 RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
+TRACE_UNAVAILABLE_STATUS = frozenset({404, 503})
 
 log = get_logger("canary")
 
 
 class EndpointError(LmforgeError):
     """The inference endpoint cannot be reached or keeps failing."""
+
+    exit_code = 4
+
+
+class RouteUnavailable(LmforgeError):
+    """The endpoint does not offer an optional route (its message: the status and the server's reason)."""
 
     exit_code = 4
 
@@ -65,10 +74,15 @@ def _retry_after(exc: BaseException) -> float | None:
 
 
 class InferenceClient:
-    def __init__(self, endpoint: str, http: HttpSection, api_key: str | None = None, model: str | None = None):
+    def __init__(self, endpoint: str, http: HttpSection, api_key: str | None = None, model: str | None = None,
+                 trace_endpoint: str | None = None):
         self.endpoint = endpoint.rstrip("/")
         if not self.endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"--endpoint {endpoint!r}: expected an http(s):// URL")
+        # /v1/trace's server: the endpoint itself (lmforge-serve), or the trace service beside a vLLM backend
+        self.trace_url = f"{(trace_endpoint or self.endpoint).rstrip('/')}/v1/trace"
+        if not self.trace_url.startswith(("http://", "https://")):
+            raise ConfigError(f"memorization.endpoint {trace_endpoint!r}: expected an http(s):// URL")
         self.http, self.model = http, model
         headers = {"User-Agent": "lmforge-canary/0.1"}
         if api_key:
@@ -95,19 +109,25 @@ class InferenceClient:
                                         request=response.request, response=response)
         return response
 
-    def request(self, method: str, path: str, item: str | None = None, **kwargs) -> Any:
-        """The JSON body of a 2xx answer; see the module docstring for the errors."""
-        url = f"{self.endpoint}{path}"
+    def request(self, method: str, path: str, item: str | None = None, unavailable: frozenset[int] = frozenset(),
+                **kwargs) -> Any:
+        """The JSON body of a 2xx answer; see the module docstring for the errors. A status in `unavailable`
+        (an optional route the server does not offer) raises RouteUnavailable, after the retries if retried."""
+        url = path if path.startswith(("http://", "https://")) else f"{self.endpoint}{path}"
         retry = self.http.policy(retryable=lambda exc: isinstance(exc, httpx.HTTPError), wait_at_least=_retry_after,
                                  log=log, event="request_retry")
         try:
             # httpx.HTTPError: connection refused, DNS, timeouts, broken connections, a retried status
             response = retry.call(f"{method} {url}", lambda: self._send(method, path, **kwargs), url=url)
         except httpx.HTTPStatusError as exc:
+            if exc.response.status_code in unavailable:
+                raise RouteUnavailable(str(exc)) from exc
             raise EndpointError(f"{method} {url} failed after {retry.attempts} attempt(s): {exc}") from exc
         except httpx.HTTPError as exc:
             raise EndpointError(f"cannot reach {url} after {retry.attempts} attempt(s): {describe(exc)}") from exc
         status = response.status_code
+        if status in unavailable:
+            raise RouteUnavailable(f"HTTP {status}: {_error_message(response)}")
         if status in (401, 403):
             raise ConfigError(f"{url}: HTTP {status}: {_error_message(response)} (pass the key with --api-key-file "
                               f"or {API_KEY_ENV})")
@@ -172,3 +192,12 @@ class InferenceClient:
         except (KeyError, IndexError, TypeError) as exc:
             raise EndpointError(f"{self.endpoint}/v1/completions: unexpected answer for {item}: "
                                 f"{str(body)[:200]}") from exc
+
+    def trace(self, text: str, min_span_tokens: int, max_documents: int) -> dict[str, Any]:
+        """POST /v1/trace with every maximal span (span_density 1): the spans of `text` of at least
+        `min_span_tokens` tokens found verbatim in the training data, each with up to `max_documents`
+        source documents. RouteUnavailable when the server has no trace index (404) or it is not ready (503)."""
+        request = {"text": text, "min_span_tokens": min_span_tokens, "max_documents": max_documents,
+                   "span_density": 1}
+        return self.request("POST", self.trace_url, unavailable=TRACE_UNAVAILABLE_STATUS,
+                            json=self._with_model(request))

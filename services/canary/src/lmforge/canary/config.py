@@ -55,6 +55,18 @@ class PushSection(StrictModel):
         return value
 
 
+class MemorizationSection(StrictModel):
+    enabled: bool = Field(
+        True, description="trace each check's output through POST /v1/trace and report the share of generated "
+        "tokens found verbatim in the training data (a server without a trace index: reported as not traced)")
+    min_span_tokens: int = Field(
+        32, ge=4, description="a generated token counts as memorized when it lies inside a span of at least this "
+        "many tokens found verbatim in the training data (the trace route's minimum is 4)")
+    endpoint: str | None = Field(
+        None, description="the base URL of the server answering /v1/trace when it is not --endpoint: the trace "
+        "service beside a vLLM backend (the chart sets it, http://<release>-inference:8001); default: --endpoint")
+
+
 class CanaryConfig(StrictModel):
     model: str | None = Field(None, description="the `model` field sent with each request (default: the "
                               "model the endpoint serves)")
@@ -62,6 +74,7 @@ class CanaryConfig(StrictModel):
     tolerance: ToleranceSection = Field(default_factory=ToleranceSection)
     http: HttpSection = Field(default_factory=HttpSection)
     push: PushSection = Field(default_factory=PushSection)
+    memorization: MemorizationSection = Field(default_factory=MemorizationSection)
 
 
 def load_canary_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CanaryConfig:

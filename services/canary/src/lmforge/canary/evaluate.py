@@ -1,8 +1,9 @@
 """Run an eval set against the endpoint: per-item results, pooled perplexity, score.
 
 perplexity = exp(−Σ logprob / Σ scored tokens) over all held-out texts pooled by token (a
-text's first token is not scored); score = checks passed / checks. The result is also the body
-of a baseline file (baseline.py adds its header)."""
+text's first token is not scored); score = checks passed / checks; with `memorization` enabled, the
+share of the checks' generated tokens found verbatim in the training data (memorization.py). The
+result is also the body of a baseline file (baseline.py adds its header)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from lmforge.canary.client import InferenceClient
+from lmforge.canary.config import MemorizationSection
 from lmforge.canary.evalset import EvalSet, continuation_passes
+from lmforge.canary.memorization import Memorization, measure_memorization
 from lmforge.common.logging import get_logger
 
 log = get_logger("canary")
@@ -55,6 +58,7 @@ class EvalResult(_Record):
     checks_total: int
     held_out: list[TextResult]
     checks: list[CheckResult]
+    memorization: Memorization | None = None  # None: not measured (memorization.enabled false)
 
     def check(self, check_id: str) -> CheckResult | None:
         return next((c for c in self.checks if c.id == check_id), None)
@@ -68,7 +72,8 @@ def pooled_perplexity(texts: list[TextResult]) -> float:
     return math.exp(-sum(t.total_logprob for t in texts) / tokens)
 
 
-def evaluate(client: InferenceClient, evalset: EvalSet, default_max_tokens: int) -> EvalResult:
+def evaluate(client: InferenceClient, evalset: EvalSet, default_max_tokens: int,
+             memorization: MemorizationSection | None = None) -> EvalResult:
     started, clock = dt.datetime.now(dt.UTC), time.monotonic()
     model = client.model_name()
     log.info("canary_started", endpoint=client.endpoint, model=model, eval_set=evalset.name or None,
@@ -90,9 +95,12 @@ def evaluate(client: InferenceClient, evalset: EvalSet, default_max_tokens: int)
         log.info("check_done", id=item.id, passed=result.passed, output=output, expected=item.expected)
         checks.append(result)
     passed = sum(c.passed for c in checks)
+    memorized = None
+    if memorization is not None and memorization.enabled:
+        memorized = measure_memorization(client, [(c.id, c.output) for c in checks], memorization)
     return EvalResult(model=model, endpoint=client.endpoint,
                       eval_set=EvalSetRef(name=evalset.name, sha256=evalset.sha256),
                       started=started.isoformat(timespec="seconds"), seconds=round(time.monotonic() - clock, 3),
                       perplexity=pooled_perplexity(texts), tokens=sum(t.tokens for t in texts),
                       score=passed / len(checks), checks_passed=passed, checks_total=len(checks),
-                      held_out=texts, checks=checks)
+                      held_out=texts, checks=checks, memorization=memorized)

@@ -8,6 +8,10 @@ Gauges, in a fresh registry per run:
 - lmforge_canary_duration_seconds            how long the evaluation took
 - lmforge_canary_baseline_present            1 when compared with a baseline, else 0
 - lmforge_canary_baseline_perplexity, lmforge_canary_baseline_score   (only with a baseline)
+- lmforge_canary_memorized_token_ratio       share of the checks' generated tokens inside spans of
+                                             ≥ memorization.min_span_tokens found verbatim in the
+                                             training data (only when traced: alert above a threshold)
+- lmforge_canary_memorized_spans             how many such spans (only when traced)
 
 Pushed with PUT (the group's previous metrics are replaced) under job `push.job`
 ("lmforge-canary") and the grouping key {model: MODEL, **push.grouping}."""
@@ -56,6 +60,12 @@ def build_registry(result: EvalResult, verdict: Verdict, baseline: Baseline | No
     if baseline is not None:
         gauge("lmforge_canary_baseline_perplexity", "Perplexity recorded in the canary baseline", baseline.perplexity)
         gauge("lmforge_canary_baseline_score", "Score recorded in the canary baseline", baseline.score)
+    memorization = result.memorization
+    if memorization is not None and memorization.traced:
+        gauge("lmforge_canary_memorized_token_ratio", "Share of the canary's generated tokens inside spans of at "
+              "least memorization.min_span_tokens tokens found verbatim in the training data", memorization.ratio)
+        gauge("lmforge_canary_memorized_spans", "Spans of the canary's outputs found verbatim in the training "
+              "data (at least memorization.min_span_tokens tokens)", memorization.spans)
     return registry
 
 

@@ -7,8 +7,10 @@ from lmforge.canary.baseline import Baseline
 from lmforge.canary.compare import Verdict
 from lmforge.canary.evalset import EvalSet
 from lmforge.canary.evaluate import EvalResult
+from lmforge.canary.memorization import Memorization
 
 OUTPUT_CHARS = 48
+SPAN_CHARS = 80
 
 
 def _short(text: str, limit: int = OUTPUT_CHARS) -> str:
@@ -20,6 +22,25 @@ def _change(value: float, base: float | None) -> str:
     if base is None or base == 0:
         return "-"
     return f"{(value / base - 1) * 100:+.1f}%"
+
+
+def _memorization_lines(memorization: Memorization | None) -> list[str]:
+    if memorization is None:
+        return ["memorization: not measured (memorization.enabled is false)"]
+    if not memorization.traced:
+        return [f"memorization: not traced ({memorization.reason})"]
+    lines = [f"memorization: {memorization.ratio:.2%} of {memorization.tokens} generated tokens "
+             f"({memorization.memorized_tokens}) inside {memorization.spans} span(s) of ≥ "
+             f"{memorization.min_span_tokens} tokens found verbatim in the training data"]
+    if memorization.longest:
+        lines.append(f"longest spans:  {'check':<12}  {'tokens':>6}  {'count':>6}  source (url, record id)  text")
+    for span in memorization.longest:
+        first = span.documents[0] if span.documents else None
+        source = f"{first.url or '-'} {first.record_id or '-'}" if first else "-"
+        more = f" (+{len(span.documents) - 1} more)" if len(span.documents) > 1 else ""
+        lines.append(f"{'':<16}{span.check[:12]:<12}  {span.length:>6}  {span.count:>6}  {source}{more}  "
+                     f"{_short(span.text or '', SPAN_CHARS)}")
+    return lines
 
 
 def render(result: EvalResult, evalset: EvalSet, verdict: Verdict | None, baseline: Baseline | None,
@@ -55,7 +76,7 @@ def render(result: EvalResult, evalset: EvalSet, verdict: Verdict | None, baseli
     score = f"{'score':<{width}}  {result.score:.3f} ({result.checks_passed}/{result.checks_total})"
     if baseline is not None:
         score += f"  baseline {baseline.score:.3f}  (tolerance -{tolerance.max_score_drop:.3f})"
-    lines += [score, ""]
+    lines += [score, "", *_memorization_lines(result.memorization), ""]
     if push_status:
         lines.append(f"pushgateway: {push_status}")
     if verdict is not None:

@@ -13,6 +13,7 @@ from lmforge.common.logging import get_logger
 from lmforge.dataprep import stage_runs
 from lmforge.dataprep.classifier_cli import add_train_classifier_options, settings_from_args, sources_from_args
 from lmforge.dataprep.config import DataprepConfig, load_dataprep_config
+from lmforge.dataprep.contamination_cli import add_contamination_report
 from lmforge.dataprep.stages import GLOBAL_STAGES, ROUNDS, stage
 
 log = get_logger("dataprep")
@@ -205,6 +206,7 @@ def build_cli() -> ServiceCli:
     add_train_classifier_options(cli.command(
         "train-classifier", cmd_train_classifier,
         help="train a fastText classifier (DCLM's recipe) from labelled JSONL files or data-prep outputs"))
+    add_contamination_report(cli)
     return cli
 
 

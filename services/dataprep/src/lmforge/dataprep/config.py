@@ -136,6 +136,28 @@ class ShardConfig(StrictModel):
                              "as its own shards (more: fewer, larger shards; memory and local disk grow with it)")
 
 
+class TraceIndexConfig(StrictModel):
+    """The trace-index stage: an exact-match index (infini-gram suffix arrays) over the shards' tokens, one per
+    shard partition, that /v1/trace and the contamination report search (lmforge.trace)."""
+
+    enabled: bool = Field(False, description="build the trace index (trace-index/ in the output): off, the stage "
+                                             "has no tasks and the report writes nothing for it")
+    splits: list[Literal["train", "val"]] = Field(
+        default_factory=lambda: ["train"], min_length=1,
+        description="the shard splits indexed (what the model trained on: train)")
+    part_tokens: int = Field(
+        25_000_000, ge=1024, description="tokens per suffix-array part: a partition larger than this is sorted in "
+                                         "parts, then merged; a task's memory is about 20 bytes per part token")
+    threads: int = Field(1, ge=1, description="threads of the suffix-array merge in each task")
+
+    @field_validator("splits")
+    @classmethod
+    def _unique_splits(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"a split is listed more than once: {value}")
+        return value
+
+
 class _StepsBase(StrictModel):
     """`steps.<id>`: a field per built-in step (its defaults), and any further id whose `type` names
     its step type, validated by that type's settings."""
@@ -171,6 +193,7 @@ class DataprepConfig(StrictModel):
     components: ComponentsConfig = Field(default_factory=ComponentsConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
+    trace_index: TraceIndexConfig = Field(default_factory=TraceIndexConfig)
     reject_preview_chars: int = Field(300, ge=0, description="text kept with each rejected document for `sample`")
     parquet_row_group_docs: int = Field(2000, ge=1)
 

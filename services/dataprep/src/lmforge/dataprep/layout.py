@@ -1,13 +1,15 @@
 """Where every artifact of a data-prep run lives, relative to the output root.
 
 Final artifacts (docs/design.md): shards/, tokenizer.json, manifest.json, lineage/, rejects/,
-report.json, report.html. Intermediate state for resuming and for the global stages
-lives under work/.
+report.json, report.html, and trace-index/ when trace_index.enabled. Intermediate state for
+resuming and for the global stages lives under work/.
 """
 
 from __future__ import annotations
 
 import zlib
+
+from lmforge.trace import format as trace_format
 
 CONFIG = "work/config.json"
 INPUTS = "work/inputs.json"
@@ -20,6 +22,9 @@ LEGACY_DEDUP_REMOVED = "work/dedup/removed.npz"  # every removed id in one file,
 DEDUP_STATS = "work/stats/global_dedup.json"
 TOKENIZER_STATS = "work/stats/global_tokenizer.json"
 SHARD_STATS = "work/stats/global_shards.json"
+TRACE_INDEX = "trace-index"  # the trace index's root (lmforge.trace.format declares what lies below it)
+TRACE_INDEX_JSON = f"{TRACE_INDEX}/{trace_format.INDEX_JSON}"
+TRACE_INDEX_TOKENIZER = f"{TRACE_INDEX}/{trace_format.TOKENIZER}"
 TIMINGS = "work/timings"  # <phase>/<host>-<pid>-<start>.json: each process's part of a phase (timings.py)
 
 
@@ -144,3 +149,22 @@ def components_nodes(task: int) -> str:
 def components_stats(task: int) -> str:
     """A components task's part of the dedup summary, written with its inputs' removed files."""
     return f"work/dedup/components/stats-{task:05d}.json"
+
+
+def trace_index_stats(partition: int) -> str:
+    """What building a partition's trace index cost (seconds, peak RSS), written just before its entry."""
+    return f"work/stats/trace-index-{partition:06d}.json"
+
+
+def trace_partition(partition: int) -> str:
+    """The trace index of shard partition `partition` (an infini-gram index directory)."""
+    return f"{TRACE_INDEX}/{trace_format.partition_dir(partition)}"
+
+
+def trace_partition_file(partition: int, name: str) -> str:
+    return f"{trace_partition(partition)}/{name}"
+
+
+def trace_entry(partition: int) -> str:
+    """The partition's index entry (files, sizes, sha256), written last: it marks the trace-index task done."""
+    return trace_partition_file(partition, trace_format.ENTRY)

@@ -23,6 +23,7 @@ DOC_SCHEMA = pa.schema(
         ("language_score", pa.float32()),
         ("warc_date", pa.string()),
         ("scores", pa.map_(pa.string(), pa.float64())),  # the scoring steps' scores, for later mixing
+        ("record_id", pa.string()),  # WARC-Record-ID (last: files written before it lack the column)
     ]
 )
 REJECT_SCHEMA = pa.schema([("url", pa.string()), ("stage", pa.string()), ("reason", pa.string()),
@@ -35,6 +36,8 @@ LINEAGE_SCHEMA = pa.schema(
         ("shard", pa.string()),
         ("token_offset", pa.uint64()),
         ("token_count", pa.uint64()),
+        # WARC-Record-ID; last and nullable, so lineage written before it still reads (read_lineage: "")
+        ("record_id", pa.string()),
     ]
 )
 
@@ -107,7 +110,30 @@ def open_arrow(store: Store, rel: str) -> pa.Table:
         return pa.ipc.open_file(fh).read_all()
 
 
-def iter_batches(store: Store, rel: str, columns: list[str] | None = None, batch_rows: int = 2000
-                 ) -> Iterator[pa.RecordBatch]:
+def iter_batches(store: Store, rel: str, columns: list[str] | None = None, batch_rows: int = 2000,
+                 optional: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
+    """The file's rows in batches. A column in `optional` that the file lacks (written before the
+    column was added) is left out of the batches rather than refused."""
     with store.open_read(rel) as fh:  # a remote file is read by ranges, not downloaded
-        yield from pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns)
+        parquet = pq.ParquetFile(fh)
+        if columns is not None and optional:
+            names = set(parquet.schema_arrow.names)
+            columns = [c for c in columns if c in names or c not in optional]
+        yield from parquet.iter_batches(batch_size=batch_rows, columns=columns)
+
+
+def column_or_default(batch: pa.RecordBatch | pa.Table, name: str, default) -> list:
+    """A column as a list, nulls as `default`; every row `default` when the batch lacks the column."""
+    if name not in batch.schema.names:
+        return [default] * batch.num_rows
+    return [default if value is None else value for value in batch.column(name).to_pylist()]
+
+
+def read_lineage(store: Store, rel: str) -> pa.Table:
+    """A lineage file with every LINEAGE_SCHEMA column: record_id "" where the file predates it."""
+    with store.open_read(rel) as fh:
+        table = pq.read_table(fh)
+    record_ids = pa.array(column_or_default(table, "record_id", ""), pa.string())
+    if "record_id" in table.schema.names:
+        table = table.drop_columns(["record_id"])
+    return table.append_column("record_id", record_ids).select(LINEAGE_SCHEMA.names)

@@ -40,11 +40,14 @@ from lmforge.dataprep.stats import StepStats, merge_stats
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
 from lmforge.dataprep.timings import PHASES, phase_summary, read_timings
 from lmforge.dataprep.tokenize import read_token_index
+from lmforge.dataprep.trace_index import trace_index_section
+from lmforge.trace.format import read_index_json
 
 LENGTH_EDGES = [0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 BAD_INPUT_KINDS = ("truncated_gzip", "truncated_record", "bad_content_length", "corrupt_record", "corrupt_gzip",
                    "non_utf8", "empty_file", "unreadable")
 GLOBAL_STAGE_PHASE = {"global_dedup": "dedup", "tokenize": "tokenize", "shards": "shards"}
+CONTAMINATION_REPORTS = "reports/contamination-"  # + <eval set>.html, by `lmforge-dataprep contamination-report`
 REDACTED = "***"
 _SECRET_FIELD = re.compile(r"pass(word|wd)?|secret|credential|api_?key|access_?key|private_?key|auth", re.I)
 _SECRET_PARAM = re.compile(_SECRET_FIELD.pattern + r"|token|signature|^sig$|key", re.I)
@@ -138,7 +141,7 @@ def _stage_entry(stats: StepStats, phase: str) -> dict:
 
 
 def _phases(timings: dict[str, dict], by_name: dict[str, StepStats], file_bytes: int, tokenizer: dict,
-            shards: dict) -> list[dict]:
+            shards: dict, trace_index: dict) -> list[dict]:
     """Each phase's wall-clock and what it got through in that time."""
     empty = StepStats("none")
     work = {
@@ -147,11 +150,16 @@ def _phases(timings: dict[str, dict], by_name: dict[str, StepStats], file_bytes:
         "tokenizer": (0, int(tokenizer.get("sample_bytes", 0))),
         "tokenize": (by_name.get("tokenize", empty).docs_in, by_name.get("tokenize", empty).bytes_in),
         "shards": (int(shards["documents"]), 0),
+        "trace-index": (int(trace_index.get("documents", 0)), 0),
     }
     tokens = {"tokenize": int(by_name.get("tokenize", empty).counters.get("tokens", 0)),
               "shards": int(shards["tokens"])}
+    if trace_index["enabled"]:
+        tokens["trace-index"] = int(trace_index["tokens"])
     phases = []
     for name, label in PHASES.items():
+        if name == "trace-index" and not trace_index["enabled"]:
+            continue  # an optional stage that was off: no phase, rather than one that took 0 s
         timing = timings[name]
         wall = timing["wall_seconds"]
         docs, text_bytes = work.get(name, (0, 0))  # combine, components, report: no documents of their own
@@ -187,6 +195,21 @@ def _contamination(stats: StepStats | None, eval_sets: list[str], store: Store) 
                                    if k.startswith("eval:")},
         "short_eval_texts_skipped": int(counters.get("short_eval_texts_skipped", 0)),
     }
+
+
+def contamination_reports(store: Store) -> list[str]:
+    """The contamination reports in the output (reports/contamination-<eval set>.html), relative paths, sorted."""
+    folder = CONTAMINATION_REPORTS.rsplit("/", 1)[0]  # a local store lists folders, not name prefixes
+    return [rel for rel in store.list(folder) if rel.startswith(CONTAMINATION_REPORTS) and rel.endswith(".html")]
+
+
+def _trace_index(run: Run) -> dict:
+    """report.json's trace_index section, from trace-index/index.json (written by the report stage before this)."""
+    if not run.config.trace_index.enabled:
+        return trace_index_section(run.store, None, 0)
+    store = run.store
+    info = read_index_json(store.read_text(layout.TRACE_INDEX_JSON), store.join(layout.TRACE_INDEX_JSON))
+    return trace_index_section(store, info, partition_count(run.n_inputs, run.config.shards.inputs_per_partition))
 
 
 def _near_duplicate_groups(store: Store, run: Run) -> int:
@@ -240,7 +263,7 @@ def _tokenize_row(summary: dict, run: Run) -> dict:
 
 
 def _add_shard_and_process_rows(run: Run, tasks: TaskSummary, records: list[dict]) -> None:
-    """Each shard partition's task, then each main process's part of each phase."""
+    """Each shard partition's task (and its trace-index task), then each main process's part of each phase."""
     for partition in range(partition_count(run.n_inputs, run.config.shards.inputs_per_partition)):
         summary = json.loads(run.store.read_text(layout.shard_entries(partition)))
         first, stop = summary["inputs"]
@@ -250,6 +273,11 @@ def _add_shard_and_process_rows(run: Run, tasks: TaskSummary, records: list[dict
         tasks.add({"phase": "shards", "task": f"shards {partition}", "input": inputs,
                    "seconds": summary["seconds"], "peak_rss_bytes": summary["peak_rss_bytes"],
                    "docs_kept": None, "error": None, "problems": {}}, kind="shards")
+        if run.config.trace_index.enabled:
+            built = json.loads(run.store.read_text(layout.trace_index_stats(partition)))
+            tasks.add({"phase": "trace-index", "task": f"trace-index {partition}", "input": inputs,
+                       "seconds": built["seconds"], "peak_rss_bytes": built["peak_rss_bytes"],
+                       "docs_kept": None, "error": None, "problems": {}}, kind="trace-index")
     for record in records:
         tasks.add({"phase": record["phase"], "task": "main process", "input": None,
                    "host": record["host"], "pid": record["pid"],
@@ -349,7 +377,8 @@ def build_report(run: Run) -> dict:
     totals = manifest["totals"]
     file_bytes = int(read.counters.get("input_bytes", 0))
     kept = by_name.get("tokenize", StepStats("tokenize"))
-    phases = _phases(timings, by_name, file_bytes, tokenizer, shards)
+    trace_index = _trace_index(run)
+    phases = _phases(timings, by_name, file_bytes, tokenizer, shards, trace_index)
     recorded = any(p["processes"] for p in phases)
     return {
         "title": "lmforge data-prep report",
@@ -373,6 +402,8 @@ def build_report(run: Run) -> dict:
         "pii": _pii(by_name.get("pii"), "pii" in dict(run.config.enabled_steps())),
         "contamination": _contamination(by_name.get("contamination"), run.config.steps.contamination.eval_sets, store),
         "dedup": _dedup(run, by_name, dedup),
+        "trace_index": trace_index,
+        "contamination_reports": contamination_reports(store),
         "tokenizer": {k: tokenizer.get(k) for k in ("sha256", "vocab_size", "eot_id", "trained", "sample_bytes")},
         "totals": {
             "input_file_bytes": file_bytes,

@@ -518,6 +518,24 @@ def _contamination(contamination: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _trace_index(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The trace index's size (report.json's trace_index) and the contamination reports made against it."""
+    index = _mapping(report.get("trace_index"))
+    links = [str(rel) for rel in _sequence(report.get("contamination_reports"))]
+    stats = [
+        (si(index.get("tokens")), "tokens indexed"),
+        (count(index.get("documents")), "documents"),
+        (byte_size(index.get("bytes")), "index size"),
+        (f"{to_finite(index.get('bytes_per_token')):.2f} B", "per token"),
+        (count(index.get("partitions")), "partitions"),
+    ] if index.get("enabled") else []
+    return {"enabled": bool(index.get("enabled")), "stats": stats, "path": str(index.get("path", "")),
+            "engine": str(index.get("engine", "")), "seconds": to_finite(index.get("task_seconds")),
+            "peak_rss_bytes": to_finite(index.get("max_peak_rss_bytes")),
+            "contamination_reports": [{"href": rel, "name": rel.rsplit("/", 1)[-1].removesuffix(".html")}
+                                      for rel in links]}
+
+
 def _dedup(report: Mapping[str, Any]) -> dict[str, Any]:
     dedup = _mapping(report.get("dedup"))
     counts: dict[str, float] = {}
@@ -643,6 +661,7 @@ def render_report_html(report: dict) -> str:
         pii=_pii(_mapping(report.get("pii"))),
         contamination=_contamination(_mapping(report.get("contamination"))),
         dedup=_dedup(report),
+        trace_index=_trace_index(report),
         workers=_workers(report),
         config=_config_text(report),
     )

@@ -30,7 +30,7 @@ from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.document import format_doc_id
-from lmforge.dataprep.parquet_io import LINEAGE_SCHEMA, ParquetRowWriter
+from lmforge.dataprep.parquet_io import LINEAGE_SCHEMA, ParquetRowWriter, column_or_default
 from lmforge.dataprep.stats import PeakRss
 from lmforge.dataprep.tokenize import read_token_index
 
@@ -49,16 +49,20 @@ class _DocTable:
     def __len__(self) -> int:
         return len(self.row)
 
-    def lineage_columns(self, positions: list[int]) -> tuple[list[int], list[str], list[str]]:
-        """doc_id, url, content_sha256 of the given documents, in the given order."""
+    def lineage_columns(self, positions: list[int]) -> tuple[list[int], list[str], list[str], list[str]]:
+        """doc_id, url, content_sha256, record_id of the given documents, in the given order (record_id ""
+        where an input's index was written before it)."""
         inputs, rows = self.input_index[positions], self.row[positions]
-        ids, urls, hashes = [0] * len(positions), [""] * len(positions), [""] * len(positions)
+        ids, urls, hashes, records = ([0] * len(positions), [""] * len(positions), [""] * len(positions),
+                                      [""] * len(positions))
         for i in np.unique(inputs).tolist():
             where = np.flatnonzero(inputs == i)
-            taken = self.indexes[i].take(pa.array(rows[where])).select(["doc_id", "url", "content_sha256"])
-            for slot, doc_id, url, digest in zip(where.tolist(), *(c.to_pylist() for c in taken.columns)):
-                ids[slot], urls[slot], hashes[slot] = doc_id, url, digest
-        return ids, urls, hashes
+            taken = self.indexes[i].take(pa.array(rows[where]))
+            columns = [taken.column(name).to_pylist() for name in ("doc_id", "url", "content_sha256")]
+            columns.append(column_or_default(taken, "record_id", ""))
+            for slot, doc_id, url, digest, record_id in zip(where.tolist(), *columns):
+                ids[slot], urls[slot], hashes[slot], records[slot] = doc_id, url, digest, record_id
+        return ids, urls, hashes, records
 
 
 def _load_doc_table(store: Store, inputs_of_partition: range) -> _DocTable:
@@ -200,7 +204,7 @@ class _PartitionWriter:
         tokens = np.empty(int(ends[-1]), dtype=token_dtype(info["vocab_size"]))
         cursor = 0
         rel = layout.shard(split, self.partition, shard_index)
-        doc_ids, urls, hashes = docs.lineage_columns(batch)
+        doc_ids, urls, hashes, record_ids = docs.lineage_columns(batch)
         with ParquetRowWriter(self.store, layout.lineage(split, self.partition, shard_index), LINEAGE_SCHEMA,
                               self.config.parquet_row_group_docs) as lineage:
             for slot, (position, count) in enumerate(zip(batch, counts.tolist())):
@@ -209,7 +213,8 @@ class _PartitionWriter:
                 tokens[cursor : cursor + count] = source[start : start + count]
                 lineage.add({"doc_id": format_doc_id(doc_ids[slot]), "url": urls[slot],
                              "content_sha256": hashes[slot], "shard": rel,
-                             "token_offset": cursor, "token_count": count - 1})  # count without end-of-text
+                             "token_offset": cursor, "token_count": count - 1,  # count without end-of-text
+                             "record_id": record_ids[slot]})
                 cursor += count
         if isinstance(self.store, LocalStore):
             digest = write_shard(self.store.local_path(rel), tokens, ends, eot_id=info["eot_id"],

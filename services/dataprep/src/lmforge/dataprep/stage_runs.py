@@ -19,7 +19,10 @@ Stages and their completion markers (a rerun skips what is complete):
   tokenize    per input: tokens + index + dedup rejects               → work/done/tokenize-*
   shards      per shard partition (inputs_per_partition inputs):
               shuffle, split, shards, lineage                         → work/shards/partition-*.json
-  report      manifest.json, report.json + report.html
+  trace-index per shard partition, when trace_index.enabled: the
+              exact-match index of its shards (trace_index.py)        → trace-index/partition-*/entry.json
+  report      manifest.json, trace-index/index.json (when enabled),
+              report.json + report.html
 No task reads more than a bounded number of objects: a dedup task one per input group, a
 components task one per task of the round before, the tokenizer its bounded sample. Output does
 not depend on how many workers or processes ran a stage. Every process records its part of each
@@ -29,6 +32,7 @@ them up per stage.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -45,12 +49,13 @@ from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import check_minhash_config, resolved_minhash_config, write_minhash_config
 from lmforge.dataprep.progress import Progress
 from lmforge.dataprep.run import Run
-from lmforge.dataprep.shard_writer import partitions, write_manifest
+from lmforge.dataprep.shard_writer import partition_count, partitions, write_manifest
 from lmforge.dataprep.stages import GLOBAL_STAGES
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
-from lmforge.dataprep.tasks import Task, input_tasks, partition_tasks, shard_tasks, tokenize_tasks
+from lmforge.dataprep.tasks import Task, input_tasks, partition_tasks, shard_tasks, tokenize_tasks, trace_index_tasks
 from lmforge.dataprep.timings import timed_phase
 from lmforge.dataprep.tokenize import prepare_tokenizer
+from lmforge.dataprep.trace_index import write_index_json
 
 T = TypeVar("T", bound=Task)
 
@@ -278,10 +283,38 @@ def run_manifest(run: Run) -> dict:
     return manifest
 
 
+def run_trace_index(run: Run, indices: Iterable[int] | None = None) -> None:
+    """The trace index of the shard partitions at `indices` (all when None); nothing when disabled."""
+    if not run.config.trace_index.enabled:
+        run.log.info("phase_start", phase="trace-index", tasks=0, pending=0, disabled=True)
+        return
+    tasks = trace_index_tasks(run.config, _tokenizer_info(run), run.n_inputs)
+    missing = [task.partition for task in _chosen(tasks, indices)
+               if not run.store.exists(layout.shard_entries(task.partition))]
+    if missing:
+        raise InputError(f"{len(missing)} shard partition(s) not written yet (e.g. {missing[:5]}): "
+                         "run the shards stage first")
+    _run_tasks(run, "trace-index", tasks, indices, unit="partitions")
+
+
+def run_trace_index_json(run: Run) -> dict | None:
+    """trace-index/index.json from every partition's entry (None when the index is disabled)."""
+    if not run.config.trace_index.enabled:
+        return None
+    manifest_sha256 = hashlib.sha256(run.store.read_bytes(layout.MANIFEST)).hexdigest()
+    with timed_phase(run.store, "report", 1):
+        info = write_index_json(run.store, partition_count(run.n_inputs, run.config.shards.inputs_per_partition),
+                                _tokenizer_info(run), manifest_sha256)
+    run.log.info("trace_index_written", index=run.store.join(layout.TRACE_INDEX_JSON), tokens=info["tokens"],
+                 documents=info["documents"], bytes=info["bytes"], partitions=len(info["partitions"]))
+    return info
+
+
 def run_report(run: Run) -> str:
     from lmforge.dataprep.report import write_report
 
     run_manifest(run)
+    run_trace_index_json(run)
     write_report(run)
     path = run.store.join(layout.REPORT_HTML)
     run.log.info("report_written", report=path, json=run.store.join(layout.REPORT_JSON))
@@ -297,6 +330,7 @@ STAGE_RUNS: dict[str, Callable[..., object]] = {
     "tokenizer": lambda run, _indices, _round: run_tokenizer(run),
     "tokenize": lambda run, indices, _round: run_tokenize(run, indices),
     "shards": lambda run, indices, _round: run_shards(run, indices),
+    "trace-index": lambda run, indices, _round: run_trace_index(run, indices),
     "report": lambda run, _indices, _round: run_report(run),
 }
 
@@ -313,6 +347,9 @@ def stage_task_count(run: Run, stage: str, round: int | None = None) -> int:
         return len(components.components_tasks(run.config, run.n_inputs, round or 0))
     if stage == "shards":
         return len(partitions(run.n_inputs, run.config.shards.inputs_per_partition))
+    if stage == "trace-index":  # one per shard partition; none when disabled
+        enabled = run.config.trace_index.enabled
+        return partition_count(run.n_inputs, run.config.shards.inputs_per_partition) if enabled else 0
     raise ConfigError(f"{stage!r} is not a split data-prep stage")
 
 

@@ -1,7 +1,7 @@
 """The split stages' work as task lists: one task per input (inputs, tokenize), per dedup
-partition or per shard partition (combine.py and components.py build their own). A task is a small
-picklable value that names its completion marker and runs against a store and a config; it holds
-nothing else, so any process can run it.
+partition or per shard partition (shards, trace-index; combine.py and components.py build their
+own). A task is a small picklable value that names its completion marker and runs against a store
+and a config; it holds nothing else, so any process can run it.
 
 A phase's list is built once, from the run's recorded inputs and config, in the same order
 everywhere: a local run hands the pending tasks to an executor (executor.py), and an Indexed-Job
@@ -17,8 +17,9 @@ from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import PartitionPlan, group_partition
-from lmforge.dataprep.shard_writer import partitions, write_partition_shards
+from lmforge.dataprep.shard_writer import partition_count, partitions, write_partition_shards
 from lmforge.dataprep.tokenize import tokenize_input
+from lmforge.dataprep.trace_index import build_trace_partition
 from lmforge.dataprep.worker import InputResult, process_input
 
 
@@ -94,6 +95,21 @@ class ShardTask:
         return write_partition_shards(store, config, self.tokenizer_info, self.partition, inputs)
 
 
+@dataclass(frozen=True)
+class TraceIndexTask:
+    """The trace index of one shard partition's shards (trace_index.py)."""
+
+    tokenizer_info: dict
+    partition: int
+
+    @property
+    def done_marker(self) -> str:
+        return layout.trace_entry(self.partition)
+
+    def run(self, store: Store, config: DataprepConfig) -> dict:
+        return build_trace_partition(store, config, self.tokenizer_info, self.partition)
+
+
 def input_tasks(inputs: list[str]) -> list[InputTask]:
     return [InputTask(uri, i) for i, uri in enumerate(inputs)]
 
@@ -109,3 +125,11 @@ def tokenize_tasks(tokenizer_info: dict, n_inputs: int) -> list[TokenizeTask]:
 def shard_tasks(config: DataprepConfig, tokenizer_info: dict, n_inputs: int) -> list[ShardTask]:
     return [ShardTask(tokenizer_info, p, inputs.start, inputs.stop)
             for p, inputs in enumerate(partitions(n_inputs, config.shards.inputs_per_partition))]
+
+
+def trace_index_tasks(config: DataprepConfig, tokenizer_info: dict, n_inputs: int) -> list[TraceIndexTask]:
+    """One task per shard partition; none when trace_index is disabled."""
+    if not config.trace_index.enabled:
+        return []
+    return [TraceIndexTask(tokenizer_info, p)
+            for p in range(partition_count(n_inputs, config.shards.inputs_per_partition))]

@@ -24,7 +24,14 @@ from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig, TokenizerConfig
 from lmforge.dataprep.dedup_global import KIND_REASONS, load_removed
 from lmforge.dataprep.document import Document
-from lmforge.dataprep.parquet_io import REJECT_SCHEMA, ArrowRowWriter, ParquetRowWriter, iter_batches, open_arrow
+from lmforge.dataprep.parquet_io import (
+    REJECT_SCHEMA,
+    ArrowRowWriter,
+    ParquetRowWriter,
+    column_or_default,
+    iter_batches,
+    open_arrow,
+)
 from lmforge.dataprep.stats import PeakRss, StepStats
 
 TOKEN_INDEX_SCHEMA = pa.schema([
@@ -33,6 +40,7 @@ TOKEN_INDEX_SCHEMA = pa.schema([
     ("content_sha256", pa.string()),
     ("token_start", pa.uint64()),
     ("token_count", pa.uint64()),  # including the end-of-text token
+    ("record_id", pa.string()),  # WARC-Record-ID, for lineage (last: an index written before it lacks it)
 ])
 
 
@@ -154,13 +162,14 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
     with store.open_write(layout.tokens(input_index)) as token_file, \
          ArrowRowWriter(store, layout.token_index(input_index), TOKEN_INDEX_SCHEMA, group) as index, \
          ParquetRowWriter(store, layout.dedup_rejects(input_index), REJECT_SCHEMA, group) as rejects:
-        columns = ["doc_id", "url", "text", "content_sha256"]
+        columns = ["doc_id", "url", "text", "content_sha256", "record_id"]
         for batch in iter_batches(store, layout.docs(input_index), columns=columns,
-                                  batch_rows=config.tokenizer.batch_docs):
+                                  batch_rows=config.tokenizer.batch_docs, optional=("record_id",)):
             ids = batch.column("doc_id").to_numpy()
             urls = batch.column("url").to_pylist()
             texts = batch.column("text").to_pylist()
             hashes = batch.column("content_sha256").to_pylist()
+            record_ids = column_or_default(batch, "record_id", "")
             positions = np.searchsorted(removed, ids)
             positions = np.minimum(positions, max(len(removed) - 1, 0))
             is_removed = (removed[positions] == ids) if len(removed) else np.zeros(len(ids), bool)
@@ -192,7 +201,7 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
                 tokens[-1] = eot
                 token_file.write(tokens.tobytes())
                 index.add({"doc_id": int(ids[row]), "url": urls[row], "content_sha256": hashes[row],
-                           "token_start": token_cursor, "token_count": len(tokens)})
+                           "token_start": token_cursor, "token_count": len(tokens), "record_id": record_ids[row]})
                 token_cursor += len(tokens)
                 tok_stats.docs_in += 1
                 tok_stats.docs_out += 1
@@ -209,5 +218,6 @@ def tokenize_input(store: Store, config: DataprepConfig, tokenizer_info: dict, i
 
 
 def read_token_index(store: Store, input_index: int) -> pa.Table:
-    """doc_id, url, content_sha256, token_start, token_count of one input (memory-mapped)."""
+    """doc_id, url, content_sha256, token_start, token_count (and record_id, unless written before it) of
+    one input (memory-mapped)."""
     return open_arrow(store, layout.token_index(input_index))

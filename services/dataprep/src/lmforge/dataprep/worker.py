@@ -130,6 +130,7 @@ def process_input(store: Store, config: DataprepConfig, uri: str, input_index: i
                 "language_score": doc.metadata.get("language_score", 0.0),
                 "warc_date": doc.metadata.get("warc_date", ""),
                 "scores": doc.metadata.get("scores") or None,
+                "record_id": doc.metadata.get("warc_record_id", ""),
             })
     plan = PartitionPlan.from_config(resolved_minhash_config(store, config.minhash))
     with store.open_write(layout.dedup_keys(input_index)) as fh:

@@ -27,6 +27,8 @@ class DataSection(StrictModel):
     vocab_size: int = Field(4096, ge=256, description="BPE vocabulary trained on the kept text")
     shard_tokens: int = Field(1_000_000, ge=1000, description="tokens per shard file")
     val_fraction: float = Field(0.02, gt=0, lt=1, description="share of documents in the validation split")
+    trace_index: bool = Field(True, description="build the exact-match trace index over the training tokens "
+                              "(data prep's trace-index stage); the server then answers /v1/trace from it")
 
 
 class TrainSection(StrictModel):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lmforge.common.checkpoint_layout import committed_steps, step_dir
+from lmforge.dataprep.layout import TRACE_INDEX
 from lmforge.demo.config import DemoConfig
 from lmforge.demo.processes import Supervisor, free_port, stop_recorded
 from lmforge.demo.progress import Progress
@@ -29,6 +30,7 @@ from lmforge.demo.stages.serve import (
     write_eval_set,
 )
 from lmforge.demo.stages.storage import start_s3
+from lmforge.demo.stages.trace import trace_passage
 from lmforge.demo.stages.train import train_with_interruption
 from lmforge.demo.staging import discard_staging, staged
 from lmforge.demo.summary import render, write_summary
@@ -149,7 +151,9 @@ class LocalPlatform:
                 export_package(self.supervisor, final, staging / "model")
             out = self.workdir / "serve"
             out.mkdir(parents=True, exist_ok=True)
-            url = start_server(self.supervisor, serve, self.workdir / "model", self.ports["inference"], out)
+            index = self.workdir / "data" / TRACE_INDEX
+            url = start_server(self.supervisor, serve, self.workdir / "model", self.ports["inference"], out,
+                               index if self.config.data.trace_index else None)
             self.progress.note(f"model package {self.workdir / 'model'} (from {final.name}; Hugging Face format) "
                                f"served at {url}")
             completions = []
@@ -157,11 +161,17 @@ class LocalPlatform:
                 done = complete(url, serve.api_key, prompt, serve.max_tokens, stream=index == len(serve.prompts) - 1)
                 completions.append(asdict(done))
                 self.progress.note(f"{'streamed ' if done.streamed else ''}{prompt!r} → {done.text[:60]!r}")
+            traced = None
+            if self.config.data.trace_index:
+                traced = trace_passage(url, serve.api_key, MODEL_NAME, self.workdir / "data", serve.max_tokens)
+                self.progress.note(f"traced a training passage to {traced['url']} ({traced['longest']}-token span, "
+                                   f"{traced['count']} document(s)); its completion: "
+                                   f"{len(traced['completion_spans'])} span(s) found verbatim")
             eval_set = write_eval_set(self.workdir / "data", out / "canary-eval-set.yaml", serve.canary_texts)
             canary = run_canary(self.supervisor, url, out / "api-keys", eval_set, out, self.monitoring.pushgateway)
             self.progress.note(f"canary: {'pass' if canary.passed else 'REGRESSION'} (perplexity "
                                f"{canary.perplexity:.2f}, score {canary.score:.2f}); baseline {canary.baseline}")
-        return {"url": url, "model": MODEL_NAME, "api_key": serve.api_key, "completions": completions,
+        return {"url": url, "model": MODEL_NAME, "api_key": serve.api_key, "completions": completions, "trace": traced,
                 **latency_means(url), "canary": {"passed": canary.passed, "perplexity": canary.perplexity,
                                                  "score": canary.score, "baseline": str(canary.baseline),
                                                  "eval_set": str(canary.eval_set)}}

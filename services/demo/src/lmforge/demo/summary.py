@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.common.atomic_files import atomic_write_bytes
+from lmforge.demo.stages.trace import trace_lines
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
@@ -57,6 +58,7 @@ def render(summary: dict[str, Any]) -> str:
         " (means over every request so far)",
         *[f"            {'(streamed) ' if c['streamed'] else ''}{c['prompt']!r} → {c['text'][:70]!r}"
           for c in serve["completions"]],
+        *trace_lines(serve.get("trace")),
         f"Canary      {'pass' if canary['passed'] else 'REGRESSION'}: perplexity {canary['perplexity']:.2f}, "
         f"score {canary['score']:.2f} (baseline recorded: {canary['baseline']})",
         f"Dashboards  {len(dash['with_data'])} panel queries return data"

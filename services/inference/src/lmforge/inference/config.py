@@ -37,6 +37,28 @@ class EngineConfig(StrictModel):
                               "sizes 2, 4, 8, ... up to max_running; a batch is padded up to the next) and replay them")
 
 
+class TraceConfig(StrictModel):
+    """POST /v1/trace and `trace: true` on completions: the spans of a text found verbatim in the training data,
+    with the documents they come from (an exact-match index data prep builds, lmforge.trace)."""
+
+    index: str | None = Field(None, description="the trace index: a directory, or s3://BUCKET/PREFIX/.../trace-index "
+                              "(a data-prep output's trace-index/), downloaded to cache_dir; unset: no /v1/trace "
+                              "(404 trace_not_enabled)")
+    cache_dir: str = Field("/tmp/lmforge-trace",  # noqa: S108
+                           description="where an s3:// index is downloaded (each file verified against index.json; "
+                                       "other index versions there are deleted)")
+    max_tokens: int = Field(2048, ge=1, description="the most tokens a traced text may have (more: 413)")
+    max_documents: int = Field(50, ge=1, description="the most source documents a request may ask for per span")
+    min_span_tokens: int = Field(8, ge=4, description="a request's default shortest span reported, in tokens")
+    max_count: int = Field(1000, ge=1, description="the search's work bound: a span found more often than this in the "
+                           "training data (boilerplate) is not reported")
+    snippet_tokens: int = Field(40, ge=0, description="tokens of context each source document's snippet shows "
+                                "around the span")
+    max_concurrent: int = Field(2, ge=1, description="traces computed at once; a request beyond that gets 429")
+    timeout_s: float = Field(5.0, gt=0, description="a trace taking longer is answered 504 (the search finishes "
+                             "in the background, holding its slot)")
+
+
 class ServeConfig(StrictModel):
     model: str = Field("", description="model package (a directory or s3://BUCKET/PREFIX/models/VERSION) or a model "
                                        "pointer naming one (a JSON file or object, e.g. s3://BUCKET/PREFIX/models/"
@@ -66,6 +88,7 @@ class ServeConfig(StrictModel):
         "of its own beside the API's, so that HTTP, JSON and tokenization never hold up a step; `thread`, a thread "
         "of the API process (one process to debug)")
     engine: EngineConfig = EngineConfig()
+    trace: TraceConfig = TraceConfig()
 
 
 def load_serve_config(path: str | None = None, overrides: list[str] = ()) -> ServeConfig:

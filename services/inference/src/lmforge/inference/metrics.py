@@ -20,6 +20,7 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 PER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                      1.0, 2.5, 5.0)
 REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+TRACE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 P = "lmforge_inference_"
 
 
@@ -57,6 +58,7 @@ class ServeMetrics:
         self.pointer_read_errors = Counter(P + "model_pointer_read_errors_total",
                                            "Failed reads of the model pointer (the served model is kept).", labels,
                                            registry=r)
+        self.trace = TraceMetrics(r, model_name)
         self.device = device
         if device.startswith("cuda"):
             gpu = NvmlCollector(model_name)
@@ -94,6 +96,36 @@ class ServeMetrics:
         self.latency.labels(name).observe(ended_at - seq.arrived)
         if generated > 1:
             self.tpot.labels(name).observe((ended_at - seq.first_token_at) / (generated - 1))
+
+
+class TraceMetrics:
+    """/v1/trace's series (the inference server's, and the standalone trace service's beside vLLM): latency by
+    outcome (ok, busy, timeout, too_long, invalid, unavailable), spans reported, and the loaded index's size
+    (absent until an index is loaded)."""
+
+    def __init__(self, registry, model_name: str):
+        labels = ["model_name"]
+        self.model_name = model_name
+        self.latency = Histogram(P + "trace_request_latency_seconds", "Trace requests from arrival to answer, by "
+                                 "outcome.", labels + ["outcome"], buckets=TRACE_BUCKETS, registry=registry)
+        self.spans = Counter(P + "trace_spans", "Spans reported by traces.", labels, registry=registry)
+        self.index_tokens = Gauge(P + "trace_index_tokens", "Training tokens in the loaded trace index.", labels,
+                                  registry=registry)
+        self.index_bytes = Gauge(P + "trace_index_bytes", "Bytes of the loaded trace index's files.", labels,
+                                 registry=registry)
+        self.index_partitions = Gauge(P + "trace_index_partitions", "Partitions of the loaded trace index.", labels,
+                                      registry=registry)
+
+    def set_index(self, tokens: int, size: int, partitions: int) -> None:
+        self.index_tokens.labels(self.model_name).set(tokens)
+        self.index_bytes.labels(self.model_name).set(size)
+        self.index_partitions.labels(self.model_name).set(partitions)
+        self.spans.labels(self.model_name)  # 0 from now on, not absent
+
+    def observe(self, outcome: str, seconds: float, spans: int = 0) -> None:
+        self.latency.labels(self.model_name, outcome).observe(seconds)
+        if spans:
+            self.spans.labels(self.model_name).inc(spans)
 
 
 # The engine's counters (EngineStats fields), exposed as lmforge_inference_<field>_total.

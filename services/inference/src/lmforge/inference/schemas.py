@@ -50,6 +50,14 @@ class StreamOptions(RequestModel):
     include_usage: bool = False  # a last chunk with empty choices and the request's usage
 
 
+class TraceOptions(RequestModel):
+    """How a text is traced (POST /v1/trace, and `trace_options` beside `trace: true` on completions)."""
+
+    min_span_tokens: int | None = Field(None, ge=4)  # None: the server's trace.min_span_tokens
+    max_documents: int | None = Field(None, ge=0)  # per span; None: 10, or trace.max_documents if lower
+    span_density: float = Field(0.05, gt=0, allow_inf_nan=False)  # >= 1: every maximal span
+
+
 class SamplingFields(RequestModel):
     """The fields /v1/completions and /v1/chat/completions share. `frequency_penalty` and
     `presence_penalty` are accepted at their neutral value only (the official clients send them
@@ -70,6 +78,8 @@ class SamplingFields(RequestModel):
     # Token id (a decimal string) -> a value added to its logit before sampling (ids: within the vocabulary).
     logit_bias: dict[str, Annotated[float, Field(ge=-MAX_BIAS, le=MAX_BIAS, allow_inf_nan=False)]] | None = None
     user: str | None = None
+    trace: bool = False  # lmforge's extension: each choice gets the spans of its text found in the training data
+    trace_options: TraceOptions | None = None
 
     @field_validator("stop")
     @classmethod
@@ -100,6 +110,8 @@ class SamplingFields(RequestModel):
                 return name, f"{name}: only 0 is supported"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options: only allowed when stream is true"
+        if self.trace_options is not None and not self.trace:
+            return "trace_options", "trace_options: only allowed when trace is true"
         return None
 
 
@@ -217,6 +229,73 @@ class ScoreRequest(RequestModel):
     text: Text = Field(min_length=1)
 
 
+class TraceRequest(TraceOptions):
+    """POST /v1/trace: the spans of `text` (or of `token_ids`, in the served model's vocabulary) found verbatim
+    in the training data, each with its count and source documents."""
+
+    model: str | None = None  # None or "": the served model
+    text: Text | None = Field(None, min_length=1)
+    token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("give exactly one of text and token_ids")
+        return self
+
+
+class Loose(BaseModel):
+    """A response part built from lmforge.trace's own dict: fields it adds later are passed on, not dropped."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class TraceDocument(Loose):
+    url: str | None = None
+    record_id: str | None = None
+    doc_id: str | None = None
+    shard: str | None = None
+    token_offset: int | None = None  # where the document starts in its shard
+    snippet: str | None = None  # the document's text around the span
+    match_start: int | None = None  # where the span is in the snippet, in characters
+    match_end: int | None = None
+
+
+class TraceSpan(Loose):
+    start: int  # token positions in the traced text, [start, end)
+    end: int
+    length: int
+    count: int  # occurrences in the training data
+    unigram_logprob: float  # under the training data's unigram model: the lower, the more telling the span
+    text: str | None
+    documents: list[TraceDocument]
+
+
+class TraceIndexInfo(Loose):
+    tokens: int
+    documents: int
+    partitions: int
+    engine: str
+
+
+class TraceBody(Loose):
+    """A trace: what /v1/trace answers and what `trace: true` adds to a choice."""
+
+    tokens: int
+    truncated: bool
+    index: TraceIndexInfo
+    spans: list[TraceSpan]
+
+
+class TraceResponse(TraceBody):
+    object: str = "trace"
+    model: str
+
+
+def _unset(value) -> bool:
+    return value is None
+
+
 class Logprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float | None]  # None for an echoed prompt's first token
@@ -229,6 +308,7 @@ class Choice(BaseModel):
     text: str
     logprobs: Logprobs | None = None
     finish_reason: str | None = None
+    trace: TraceBody | dict | None = Field(None, exclude_if=_unset)  # with `trace: true` (a dict: its error)
 
 
 class Usage(BaseModel):
@@ -272,6 +352,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    trace: TraceBody | dict | None = Field(None, exclude_if=_unset)
 
 
 class ChatCompletion(BaseModel):
@@ -281,10 +362,6 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
-
-
-def _unset(value) -> bool:
-    return value is None
 
 
 class ChatDelta(BaseModel):
@@ -300,6 +377,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    trace: TraceBody | dict | None = Field(None, exclude_if=_unset)
 
 
 class ChatCompletionChunk(BaseModel):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmforge.common.logging import get_logger
+from lmforge.common.storage import sha256_file
 from lmforge.inference.config import ServeConfig
 from lmforge.inference.engine_client import EngineClient
 from lmforge.inference.engine_core import EngineSpec
@@ -54,6 +55,7 @@ class ServedModel:
     codec: Codec
     engine: EngineClient
     context_length: int
+    tokenizer_sha256: str | None = None  # of its tokenizer.json: a trace index must have been built with the same
     loaded_at: float = field(default_factory=time.time)
     _leases: int = 0
     _idle: threading.Condition = field(default_factory=threading.Condition)
@@ -101,4 +103,4 @@ def load_model(package: str, config: ServeConfig, device: str, *, model_name: st
              parameters=info.parameters, kv_cache_bytes=info.kv_cache_bytes, kv_cache_blocks=info.kv_cache_blocks,
              engine_layout=config.engine_layout, engine_pid=info.pid,
              max_chars_per_token=codec.max_chars_per_token, seconds=round(time.monotonic() - started, 2))
-    return ServedModel(package, path, step, codec, engine, info.context_length)
+    return ServedModel(package, path, step, codec, engine, info.context_length, sha256_file(path / TOKENIZER))

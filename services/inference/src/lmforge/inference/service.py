@@ -29,6 +29,7 @@ from lmforge.inference.sampling import SamplingParams
 from lmforge.inference.served_model import ServedModel, default_model_name, load_model
 from lmforge.inference.stats import EngineStats
 from lmforge.inference.text import TextStream
+from lmforge.inference.trace_runner import TraceRunner
 from lmforge.inference.tracing import MonotonicClock, record_generation_spans, tracer_provider
 from lmforge.model.pointer import resolve_model
 
@@ -73,6 +74,8 @@ class InferenceService:
         self.follower: PointerFollower | None = None  # when config.model is a pointer
         self.load_error: BaseException | None = None
         self.metrics = ServeMetrics(self.model_name, self.device, self._counts, self._engine_stats)
+        # /v1/trace's index (None: not configured), loaded beside the model
+        self.trace = TraceRunner(config.trace, self.metrics.trace) if config.trace.index else None
         self._text_pool = ThreadPoolExecutor(TEXT_THREADS, thread_name_prefix="lmforge-text")
         self.tracer_provider = tracer_provider("lmforge-inference", span_exporter)
         self.tracer = self.tracer_provider.get_tracer("lmforge.inference")
@@ -106,6 +109,10 @@ class InferenceService:
         return old
 
     def load_in_background(self) -> threading.Thread:
+        """Load the model (the thread returned) and the trace index, if any (a thread of its own: its failure
+        leaves the model serving)."""
+        if self.trace is not None:
+            self.trace.load_in_background()
         thread = threading.Thread(target=self.load, name="lmforge-model-load", daemon=True)
         thread.start()
         return thread
@@ -119,6 +126,8 @@ class InferenceService:
             self.follower.stop()
         if self.model is not None:
             self.model.engine.stop()
+        if self.trace is not None:
+            self.trace.stop()
         self._text_pool.shutdown(wait=False, cancel_futures=True)
         self.tracer_provider.shutdown()
 

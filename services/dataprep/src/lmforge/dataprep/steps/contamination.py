@@ -117,6 +117,36 @@ class EvalSet:
     hashes_by_length: dict[int, np.ndarray]  # n-gram length -> sorted unique hashes
 
 
+def eval_set_name(path: str) -> str:
+    """An eval set's name: its file's stem (`mmlu` for s3://bucket/evals/mmlu.jsonl.gz)."""
+    return PurePosixPath(path.removesuffix(".gz")).stem
+
+
+def read_eval_set(path: str, text_field: str = "text") -> list[tuple[int, dict]]:
+    """The records of a JSONL eval set (a local path or any URI open_input reads; gzip when the name ends
+    in .gz), each with its line number; blank lines are skipped. InputError names the file and the line of
+    a record that is not a JSON object with a string `text_field`. (Also the contamination report's reader.)"""
+    with contextlib.closing(open_input(path)) as stream:
+        data = stream.read()
+    if path.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"eval set {path}: not a valid gzip file ({exc})") from exc
+    records = []
+    for line_number, raw in enumerate(data.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"eval set {path}, line {line_number}: not valid JSON ({exc})") from exc
+        if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+            raise InputError(f"eval set {path}, line {line_number}: no string field {text_field!r}")
+        records.append((line_number, record))
+    return records
+
+
 def _contains_any(sorted_hashes: np.ndarray, queries: np.ndarray) -> bool:
     if not len(sorted_hashes) or not len(queries):
         return False
@@ -148,35 +178,19 @@ class ContaminationFilter(BaseFilter):
         }
 
     def _load(self, path: str) -> EvalSet:
-        """Read a JSONL eval set (gzip when the name ends in .gz) into its n-gram hashes."""
+        """Read a JSONL eval set into its n-gram hashes."""
         n = self.config.ngram
-        field = self.config.text_field
         chunks: dict[int, list[np.ndarray]] = {}
-        with contextlib.closing(open_input(path)) as stream:
-            data = stream.read()
-        if path.endswith(".gz"):
-            try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError) as exc:
-                raise InputError(f"eval set {path}: not a valid gzip file ({exc})") from exc
-        for line_number, raw in enumerate(data.splitlines(), start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise InputError(f"eval set {path}, line {line_number}: not valid JSON ({exc})") from exc
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise InputError(f"eval set {path}, line {line_number}: no string field {field!r}")
-            words = normalized_words(record[field])
+        for _, record in read_eval_set(path, self.config.text_field):
+            words = normalized_words(record[self.config.text_field])
             if len(words) < self.config.min_eval_words:
                 self.stats.counters["short_eval_texts_skipped"] += 1
                 continue
             length = min(n, len(words))
             word_hashes = self._hasher.word_hashes(words)
             chunks.setdefault(length, []).append(NgramHasher.ngram_hashes(word_hashes, length))
-        stem = PurePosixPath(path.removesuffix(".gz")).stem
-        return EvalSet(stem, {length: np.unique(np.concatenate(parts)) for length, parts in chunks.items()})
+        hashes = {length: np.unique(np.concatenate(parts)) for length, parts in chunks.items()}
+        return EvalSet(eval_set_name(path), hashes)
 
     def filter(self, doc: Document) -> tuple[bool, str | None]:
         if not self._merged:

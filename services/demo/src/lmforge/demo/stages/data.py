@@ -31,7 +31,8 @@ def run_data_pipeline(supervisor: Supervisor, data: DataSection, workdir: Path, 
         sys.executable, "-m", "lmforge_pipelines.run_local", "--workdir", str(workdir), "--data-only",
         "--crawl", data.crawl, "--shards", str(data.wet_files), "--docs-per-shard", str(data.docs_per_file),
         "--workers", str(data.workers), "--languages", data.languages, "--vocab-size", str(data.vocab_size),
-        "--shard-tokens", str(data.shard_tokens), "--val-fraction", str(data.val_fraction)],
+        "--shard-tokens", str(data.shard_tokens), "--val-fraction", str(data.val_fraction),
+        *(["--trace-index"] if data.trace_index else [])],
         env={"LMFORGE_PUSHGATEWAY": pushgateway}, timeout=1800)
 
 

@@ -45,14 +45,17 @@ def export_package(supervisor: Supervisor, checkpoint: Path, output: Path) -> No
                               "--output", str(output), "--format", "hf"])
 
 
-def start_server(supervisor: Supervisor, serve: ServeSection, package: Path, port: int, out: Path) -> str:
-    """lmforge-serve on 127.0.0.1:`port`, ready; returns its URL. The API key goes to OUT/api-keys."""
+def start_server(supervisor: Supervisor, serve: ServeSection, package: Path, port: int, out: Path,
+                 trace_index: Path | None = None) -> str:
+    """lmforge-serve on 127.0.0.1:`port`, ready; returns its URL. The API key goes to OUT/api-keys. With
+    `trace_index` (data prep's trace-index/), /v1/trace answers from it."""
     keys = out / "api-keys"
     keys.write_text(serve.api_key + "\n")
     keys.chmod(0o600)
     process = supervisor.start("inference", [script("lmforge-serve"), "--model", str(package), "--host", "127.0.0.1",
                                              "--port", str(port), "--set", f"api_keys_file={keys}",
-                                             "--set", f"model_name={MODEL_NAME}"])
+                                             "--set", f"model_name={MODEL_NAME}",
+                                             *(["--set", f"trace.index={trace_index}"] if trace_index else [])])
     url = f"http://127.0.0.1:{port}"
     wait_http_ok(f"{url}/readyz", process, "the inference server", timeout=120, interval=0.2)
     return url

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from lmforge.inference.api_errors import ApiError, stream_error_event
 from lmforge.inference.chat_template import ChatTemplateError
 from lmforge.inference.routes import generation as gen
+from lmforge.inference.routes import trace as tracing
 from lmforge.inference.routes.completions import LeasedStreamingResponse, sse_event
 from lmforge.inference.routes.deps import ServiceDep, authorize, ready_model
 from lmforge.inference.schemas import (
@@ -54,6 +55,8 @@ async def chat_completions(body: ChatRequest, request: Request, service: Service
         if max_tokens < 1:
             raise ApiError(400, f"messages: {len(ids)} prompt tokens leave no room in the model's context of "
                                 f"{served.context_length} tokens", param="messages")
+        if body.trace:
+            tracing.check_trace_request(service, served, body.trace_options)
         job = gen.start(service, served, [ids], body, max_tokens, top, "chatcmpl")
         if body.stream:
             streaming = True  # the response returns the lease when it ends
@@ -105,19 +108,29 @@ async def _complete(job: gen.Job, request: Request, body: ChatRequest):
     choices = [ChatChoice(index=g.index, message=AssistantMessage(content="".join(d.text for d in ds)),
                           logprobs=_logprobs(job.served, ds, body), finish_reason=g.finish_reason)
                for g, ds in zip(job.generations, deltas, strict=True)]
+    if body.trace:
+        generated = [[t for d in ds for t in d.token_ids] for ds in deltas]
+        traces = await tracing.trace_choices(job.service, job.served, generated, body.trace_options)
+        for choice, traced in zip(choices, traces, strict=True):
+            choice.trace = traced
     return ChatCompletion(id=job.request_id, created=job.created, model=job.service.model_name, choices=choices,
                           usage=job.usage())
 
 
 async def _sse(job: gen.Job, body: ChatRequest):
+    generated: list[list[int]] = [[] for _ in job.generations]  # each choice's tokens, to trace at the end
     try:
         for generation in job.generations:
             yield _chunk(job, [ChatChunkChoice(index=generation.index, delta=ChatDelta(role="assistant", content=""))])
         async with aclosing(gen.merged(job)) as stream:
             async for generation, delta in stream:
+                generated[generation.index] += delta.token_ids
                 yield _chunk(job, [ChatChunkChoice(index=generation.index, delta=ChatDelta(content=delta.text or None),
                                                    logprobs=_logprobs(job.served, [delta], body),
                                                    finish_reason=delta.finish_reason)])
+        if body.trace:  # one chunk with every choice's trace, after their last content and before the usage
+            traces = await tracing.trace_choices(job.service, job.served, generated, body.trace_options)
+            yield _chunk(job, [ChatChunkChoice(index=i, delta=ChatDelta(), trace=t) for i, t in enumerate(traces)])
         if body.stream_options is not None and body.stream_options.include_usage:
             yield _chunk(job, [], job.usage())
         yield "data: [DONE]\n\n"

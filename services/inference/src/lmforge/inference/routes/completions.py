@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from lmforge.inference.api_errors import ApiError, not_ready, stream_error_event
 from lmforge.inference.engine_client import EngineStopped
 from lmforge.inference.routes import generation as gen
+from lmforge.inference.routes import trace as tracing
 from lmforge.inference.routes.deps import ServiceDep, authorize, ready_model
 from lmforge.inference.schemas import Choice, Completion, CompletionRequest, Logprobs
 from lmforge.inference.served_model import Lease
@@ -68,6 +69,8 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
         gen.check_vocabulary_bounds(served, body, body.logprobs)
         prompts = [await gen.prompt_ids(service, served, p, body.max_tokens) for p in body.prompts()]
         echo = await _echo(service, served, body, prompts) if body.echo else None
+        if body.trace:
+            tracing.check_trace_request(service, served, body.trace_options)
         job = gen.start(service, served, prompts, body, body.max_tokens, body.logprobs, "cmpl")
         if body.stream:
             streaming = True  # the response returns the lease when it ends
@@ -146,6 +149,11 @@ async def _complete(job: gen.Job, request: Request, body: CompletionRequest, ech
                 logprobs = _joined(echo.logprobs[generation.prompt], logprobs)
         choices.append(Choice(index=generation.index, text=text, logprobs=logprobs,
                               finish_reason=generation.finish_reason))
+    if body.trace:
+        generated = [[t for d in ds for t in d.token_ids] for ds in deltas]
+        traces = await tracing.trace_choices(job.service, job.served, generated, body.trace_options)
+        for choice, traced in zip(choices, traces, strict=True):
+            choice.trace = traced
     return Completion(id=job.request_id, created=job.created, model=job.service.model_name, choices=choices,
                       usage=job.usage())
 
@@ -154,6 +162,7 @@ async def _sse(job: gen.Job, body: CompletionRequest, echo: Echo | None):
     """The choices' deltas as server-sent events (an echoed prompt first, in each choice's first
     chunk); an engine that stops mid-stream ends it with an error event (the 200 status is sent)."""
     lengths = [0] * len(job.generations)  # of each choice's text so far
+    generated: list[list[int]] = [[] for _ in job.generations]  # each choice's tokens, to trace at the end
 
     def chunk(choice: Choice) -> str:
         return sse_event(Completion(id=job.request_id, created=job.created, model=job.service.model_name,
@@ -169,12 +178,18 @@ async def _sse(job: gen.Job, body: CompletionRequest, echo: Echo | None):
         async with aclosing(gen.merged(job)) as stream:
             async for generation, delta in stream:
                 lengths[generation.index] += len(delta.text)
+                generated[generation.index] += delta.token_ids
                 logprobs = None
                 if body.logprobs is not None:
                     logprobs = _logprobs(job.served, [delta], body.logprobs, offsets[generation.index],
                                          lengths[generation.index])
                 yield chunk(Choice(index=generation.index, text=delta.text, logprobs=logprobs,
                                    finish_reason=delta.finish_reason))
+        if body.trace:  # one chunk with every choice's trace, after their last text and before the usage
+            traces = await tracing.trace_choices(job.service, job.served, generated, body.trace_options)
+            yield sse_event(Completion(id=job.request_id, created=job.created, model=job.service.model_name,
+                                       choices=[Choice(index=i, text="", trace=t) for i, t in enumerate(traces)]
+                                       ).model_dump())
         if body.stream_options is not None and body.stream_options.include_usage:
             yield sse_event(Completion(id=job.request_id, created=job.created, model=job.service.model_name,
                                     choices=[], usage=job.usage()).model_dump())

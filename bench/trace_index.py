@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""`make bench-trace`: the trace index (lmforge.trace) at 1x, 4x and 16x a >= 100 M-token corpus: build
+throughput, bytes on disk and peak memory per task; then the query latency of tracing 256-token outputs
+against 100 M and 1 B tokens, and a model of both at 15 T tokens on the chart's layout.
+
+Corpus: real English text (bench/debian_docs.py: man pages, the PostgreSQL and Python references, the
+Debian Reference), 5 % of its documents held out, the rest tokenized with a byte-level BPE trained on it
+(32 k ids, u16). One partition of --partition-tokens tokens (data prep's trace-index task: one shard
+partition) is filled with the documents in a shuffled order, copy after copy; each copy of a document has
+--perturb of its tokens replaced by random ids, so copies share long spans (as near-duplicates on the web
+do) without collapsing into one. Scale N has 4*N partitions (--partitions-per-x), built as data prep builds
+them: one task per partition, --workers tasks at a time, each in a fresh process with one indexing thread
+(lmforge.trace.build.build_partition, the stage's own code). Per task: wall seconds, tokens/s on its one
+core, peak RSS of the task process and of its indexer children (getrusage), bytes per token per file.
+
+Query: lmforge.trace.query.trace_tokens (the server's code path below HTTP) over one engine across the
+partitions of 100 M tokens (scale 1) and of 1 B tokens (the first 40 partitions of scale 16), page cache
+warm (the index was just written). Outputs: --queries 256-token windows, half copied from training
+documents (a 64-token window replaced by held-out text, so several spans), half held-out text (only
+short common phrases match). min_span_tokens 8, max_documents 10, span_density 0.05 (the route's
+defaults). p50/p99 latency, spans per query.
+
+Results: bench/out/trace-index.json and Markdown tables (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+VOCAB = 32_000
+
+
+def corpus(workdir: Path) -> tuple[Path, Path]:
+    """The tokenizer and the tokenized corpus (train.npz: tokens + document ends; heldout.npz)."""
+    tokenizer_path, train_path = workdir / "tokenizer.json", workdir / "train.npz"
+    if train_path.exists():
+        return tokenizer_path, train_path
+    from debian_docs import ENGLISH_PACKAGES, fetch_packages, package_corpus
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    debs = fetch_packages(ENGLISH_PACKAGES, workdir / "debian" / "debs")
+    texts = [doc.text for package in ENGLISH_PACKAGES
+             for doc in package_corpus(package, "en", debs[package], workdir / "debian")[0]]
+    random.Random(0).shuffle(texts)
+    held = max(1, len(texts) // 20)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.save(str(tokenizer_path))
+    for name, part in (("heldout", texts[:held]), ("train", texts[held:])):
+        encoded = [np.asarray(e.ids, dtype=np.uint16) for e in tokenizer.encode_batch(part)]
+        np.savez(workdir / f"{name}.npz", tokens=np.concatenate(encoded),
+                 ends=np.cumsum([len(e) for e in encoded]))
+    return tokenizer_path, train_path
+
+
+def documents(path: Path) -> list[np.ndarray]:
+    data = np.load(path)
+    return np.split(data["tokens"], data["ends"][:-1])
+
+
+def partition_docs(train: list[np.ndarray], seed: int, tokens: int, perturb: float):
+    """One partition's documents: shuffled perturbed copies of the corpus until `tokens` tokens."""
+    rng = np.random.default_rng(seed)
+    made, copy = 0, 0
+    while made < tokens:
+        for i in rng.permutation(len(train)):
+            doc = train[i].copy()
+            hits = rng.random(len(doc)) < perturb
+            doc[hits] = rng.integers(1, VOCAB, int(hits.sum()), dtype=np.uint16)
+            doc = doc[: tokens - made]
+            yield doc, {"doc_id": f"s{seed}-c{copy}-d{i}", "url": f"https://docs.example/{seed}/{copy}/{i}",
+                        "record_id": f"<urn:uuid:{seed:08x}-{copy:04x}-{i:08x}>", "shard": f"train_{seed:06d}_0000",
+                        "token_offset": made}
+            made += len(doc)
+            if made >= tokens:
+                return
+        copy += 1
+
+
+def build_task(args: tuple) -> dict:
+    """One data-prep trace-index task, in a fresh process: its partition's documents, then the build."""
+    from lmforge.trace.build import build_partition
+
+    from lmforge.dataprep.stats import PeakRss
+
+    train_path, root, seed, tokens, perturb, part_tokens = args
+    train = documents(train_path)
+    docs = list(partition_docs(train, seed, tokens, perturb))  # generated before the clock starts
+    name = f"partition-{seed:06d}"
+    peak = PeakRss()  # resets the high-water mark to the RSS now: the documents generated, nothing built
+    base = peak.bytes()
+    started = time.perf_counter()
+    entry = build_partition(iter(docs), Path(root) / name, name, vocab_size=VOCAB, eos_token_id=0,
+                            part_tokens=part_tokens, threads=1)
+    seconds = time.perf_counter() - started
+    (Path(root) / name / "entry.json").write_text(json.dumps(entry))
+    return {"entry": entry, "seconds": seconds, "rss_task": peak.bytes() - base,
+            # ru_maxrss is in KiB on Linux; a spawned process has run no child before the build
+            "rss_indexer": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}
+
+
+def write_root(root: Path, entries: list[dict], tokenizer: Path, partition_dirs: list[Path] | None = None) -> None:
+    from lmforge.trace.format import INDEX_JSON, TOKENIZER, index_json
+
+    root.mkdir(parents=True, exist_ok=True)
+    for source in partition_dirs or []:
+        link = root / source.name
+        if not link.exists():
+            link.symlink_to(source)
+    shutil.copy(tokenizer, root / TOKENIZER)
+    import hashlib
+    digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
+    (root / INDEX_JSON).write_text(json.dumps(index_json(entries, vocab_size=VOCAB, eos_token_id=0,
+                                                         tokenizer_sha256=digest)))
+
+
+def build_scale(scale: int, args, train_path: Path, tokenizer: Path) -> dict:
+    root = Path(args.workdir) / f"index-{scale}x"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    n = args.partitions_per_x * scale
+    jobs = [(train_path, root, 1000 * scale + p, args.partition_tokens, args.perturb, args.part_tokens)
+            for p in range(n)]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
+                             max_tasks_per_child=1) as pool:
+        tasks = list(pool.map(build_task, jobs))
+    wall = time.perf_counter() - started
+    entries = [t["entry"] for t in tasks]
+    write_root(root, entries, tokenizer)
+    tokens = sum(e["tokens"] for e in entries)
+    files: dict[str, int] = {}
+    for e in entries:
+        for name, f in e["files"].items():
+            files[name] = files.get(name, 0) + f["bytes"]
+    rates = [t["entry"]["tokens"] / t["seconds"] for t in tasks]
+    return {"scale": scale, "partitions": n, "tokens": tokens, "wall_seconds": wall, "workers": args.workers,
+            "tokens_per_second_per_core": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)},
+            "task_seconds_median": statistics.median(t["seconds"] for t in tasks),
+            "bytes_per_token": sum(files.values()) / tokens,
+            "bytes_per_token_by_file": {name: b / tokens for name, b in sorted(files.items())},
+            "peak_rss_task_max": max(t["rss_task"] for t in tasks),  # above the generated documents' RSS
+            "peak_rss_indexer_max": max(t["rss_indexer"] for t in tasks),
+            "root": str(root)}
+
+
+def queries(args, train_path: Path, heldout_path: Path) -> list[np.ndarray]:
+    """Half training windows with a held-out middle, half held-out text; 256 tokens each."""
+    rng = np.random.default_rng(7)
+    train = [d for d in documents(train_path) if len(d) >= 256]
+    held = [d for d in documents(heldout_path) if len(d) >= 256]
+    out = []
+    for q in range(args.queries):
+        src = held[rng.integers(len(held))]
+        s = int(rng.integers(0, len(src) - 255))
+        window = src[s:s + 256].copy()
+        if q % 2 == 0:
+            doc = train[rng.integers(len(train))]
+            t = int(rng.integers(0, len(doc) - 255))
+            middle = window[:64].copy()
+            window = doc[t:t + 256].copy()
+            window[96:160] = middle
+        out.append(window.astype(np.int64))
+    return out
+
+
+def query_latency(root: Path, tokenizer: Path, ids: list[np.ndarray]) -> dict:
+    from tokenizers import Tokenizer
+
+    from lmforge.trace.engine import TraceIndex
+    from lmforge.trace.query import trace_tokens
+
+    started = time.perf_counter()
+    index = TraceIndex.open(root)
+    opened = time.perf_counter() - started
+    decode = Tokenizer.from_file(str(tokenizer)).decode
+    trace_tokens(index, ids[0].tolist(), decode=decode)  # first touch of the engine's code paths
+    seconds, spans, docs = [], [], []
+    for q in ids:
+        started = time.perf_counter()
+        result = trace_tokens(index, q.tolist(), min_span_tokens=8, max_documents=10, span_density=0.05,
+                              decode=decode)
+        seconds.append(time.perf_counter() - started)
+        spans.append(len(result.spans))
+        docs.append(sum(len(s.documents) for s in result.spans))
+    seconds.sort()
+    return {"tokens": index.tokens, "partitions": index.partitions, "open_seconds": opened, "queries": len(ids),
+            "p50_ms": 1000 * seconds[len(seconds) // 2],
+            "p99_ms": 1000 * seconds[min(len(seconds) - 1, math.ceil(0.99 * len(seconds)) - 1)],
+            "mean_ms": 1000 * statistics.mean(seconds), "spans_per_query": statistics.mean(spans),
+            "documents_per_query": statistics.mean(docs)}
+
+
+def model_15t(builds: list[dict], latency: list[dict], args) -> dict:
+    """Index size and query latency at 15 T tokens, with partitions as the chart's data prep makes them."""
+    bytes_per_token = builds[-1]["bytes_per_token"]
+    small, large = latency[0], latency[-1]
+    per_partition_ms = (large["p50_ms"] - small["p50_ms"]) / max(1, large["partitions"] - small["partitions"])
+    fixed_ms = small["p50_ms"] - per_partition_ms * small["partitions"]
+    tokens = 15e12
+    partition_tokens = args.chart_partition_tokens
+    partitions = tokens / partition_tokens
+    return {"tokens": tokens, "bytes": tokens * bytes_per_token, "bytes_per_token": bytes_per_token,
+            "partition_tokens": partition_tokens, "partitions": partitions,
+            "per_partition_ms": per_partition_ms, "fixed_ms": fixed_ms,
+            "one_engine_p50_seconds": (fixed_ms + per_partition_ms * partitions) / 1000,
+            "pods_for_1s": math.ceil(per_partition_ms * partitions / max(1.0, 1000 - fixed_ms) / args.model_threads),
+            "model_threads": args.model_threads}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default="/tmp/lmforge-trace-bench")
+    parser.add_argument("--scales", default="1,4,16")
+    parser.add_argument("--partitions-per-x", type=int, default=4)
+    parser.add_argument("--partition-tokens", type=int, default=25_000_000)
+    parser.add_argument("--part-tokens", type=int, default=25_000_000, help="trace_index.part_tokens")
+    parser.add_argument("--perturb", type=float, default=0.01)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--large-tokens", type=float, default=1e9, help="the second query index (tokens)")
+    parser.add_argument("--chart-partition-tokens", type=float, default=2e8,
+                        help="tokens of one shard partition at full scale (docs/scaling.md: 16 WET inputs)")
+    parser.add_argument("--model-threads", type=int, default=16, help="query threads per trace pod in the model")
+    parser.add_argument("--keep", action="store_true", help="keep the indexes")
+    parser.add_argument("--out", default=str(REPO / "bench" / "out"))
+    args = parser.parse_args()
+
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    tokenizer, train_path = corpus(workdir)
+    corpus_tokens = int(np.load(train_path)["ends"][-1])
+    print(f"corpus: {corpus_tokens:,} training tokens of real text, vocab {VOCAB}", flush=True)
+    builds = []
+    for scale in map(int, args.scales.split(",")):
+        result = build_scale(scale, args, train_path, tokenizer)
+        builds.append(result)
+        print(json.dumps({k: v for k, v in result.items() if k != "root"}), flush=True)
+    ids = queries(args, train_path, workdir / "heldout.npz")
+    latency = [query_latency(Path(builds[0]["root"]), tokenizer, ids)]
+    biggest = Path(builds[-1]["root"])
+    entries = [json.loads((biggest / f"partition-{1000 * int(args.scales.split(',')[-1]) + p:06d}" / "entry.json")
+                          .read_text()) for p in range(builds[-1]["partitions"])]
+    keep = entries[: max(1, round(args.large_tokens / args.partition_tokens))]
+    large_root = workdir / "index-large"
+    shutil.rmtree(large_root, ignore_errors=True)
+    write_root(large_root, keep, tokenizer, [biggest / e["name"] for e in keep])
+    latency.append(query_latency(large_root, tokenizer, ids))
+    for result in latency:
+        print(json.dumps(result), flush=True)
+    model = model_15t(builds, latency, args)
+    result = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs", "corpus_tokens": corpus_tokens,
+              "perturb": args.perturb, "partition_tokens": args.partition_tokens, "part_tokens": args.part_tokens,
+              "builds": builds, "latency": latency, "model_15t": model,
+              "load_average": os.getloadavg()[0]}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trace-index.json").write_text(json.dumps(result, indent=1))
+    print("| scale | partitions | tokens | tokens/s/core (median) | bytes/token | peak RSS task | peak RSS indexer |"
+          " wall s |\n|---|---|---|---|---|---|---|---|")
+    for b in builds:
+        print(f"| {b['scale']}x | {b['partitions']} | {b['tokens'] / 1e6:,.0f} M | "
+              f"{b['tokens_per_second_per_core']['median'] / 1e6:.2f} M | {b['bytes_per_token']:.2f} | "
+              f"{b['peak_rss_task_max'] / 2**20:.0f} MiB | {b['peak_rss_indexer_max'] / 2**20:.0f} MiB | "
+              f"{b['wall_seconds']:.0f} |")
+    print("| index | partitions | p50 ms | p99 ms | spans/query |\n|---|---|---|---|---|")
+    for lat in latency:
+        print(f"| {lat['tokens'] / 1e6:,.0f} M tokens | {lat['partitions']} | {lat['p50_ms']:.1f} | "
+              f"{lat['p99_ms']:.1f} | {lat['spans_per_query']:.1f} |")
+    print(json.dumps(model, indent=1))
+    if not args.keep:
+        for b in builds:
+            shutil.rmtree(b["root"], ignore_errors=True)
+        shutil.rmtree(large_root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
