@@ -41,7 +41,7 @@ from lmforge.common.storage import sha256_file
 from lmforge.trace.format import METADATA_KEYS, PARTITION_FILES, index_token_dtype
 
 HACK_BYTES = 100_000  # infini-gram's overlap between parts (indexing.py's HACK)
-_UNIGRAM_CHUNK = 1 << 24  # tokens per chunk when counting unigrams from tokenized.0
+_UNIGRAM_CHUNK = 1 << 20  # tokens per chunk when counting unigrams (bincount copies a chunk as int64: 8 MiB)
 
 
 def rust_indexing() -> Path:
