@@ -111,6 +111,33 @@ def test_a_window_of_a_training_document_traces_to_its_url_and_record_id(traced,
     assert (row["url"], row["record_id"], row["doc_id"], row["shard"], row["token_offset"]) in found
 
 
+def test_grouped_shard_partitions_make_one_index_partition_that_traces_the_same(traced, inputs, tmp_path):
+    out = tmp_path / "out"
+    assert run_cli("run", "--input", *inputs, "--output", out, "--workers", 1, *SMALL, *TRACE,
+                   "--set", "trace_index.shard_partitions_per_index=2") == 0
+    grouped = read_index_json((out / layout.TRACE_INDEX_JSON).read_text())
+    single = read_index_json((traced / layout.TRACE_INDEX_JSON).read_text())
+    assert [e["name"] for e in grouped["partitions"]] == ["partition-000000"]
+    assert (grouped["tokens"], grouped["documents"]) == (single["tokens"], single["documents"])
+    stats = json.loads((out / layout.trace_index_stats(0)).read_text())
+    train_shards = {r["shard"] for r in lineage_rows(out) if r["shard"].startswith("shards/train_")}
+    assert stats["shard_partitions"] == [0, 2] and stats["shards"] == len(train_shards)
+    assert {s.split("_")[1] for s in train_shards} == {"000000", "000001"}
+    with open_run(str(out), None, None) as run:
+        assert stage_task_count(run, "trace-index") == 1
+
+    # a window of a document of the second shard partition: same span, count and sources as the ungrouped index
+    row = max((r for r in lineage_rows(traced) if r["shard"].startswith("shards/train_000001")),
+              key=lambda r: r["token_count"])
+    window = shard_tokens(traced, row["shard"])[row["token_offset"] : row["token_offset"] + 30].tolist()
+    traces = [trace_tokens(TraceIndex.open(root / "trace-index"), window, min_span_tokens=30, span_density=None,
+                           max_documents=50) for root in (traced, out)]
+    spans = [[(s.start, s.end, s.count, sorted((d.url, d.shard, d.token_offset) for d in s.documents))
+              for s in t.spans] for t in traces]
+    assert spans[0] == spans[1] and spans[0][0][:2] == (0, 30)
+    assert (row["url"], row["shard"], row["token_offset"]) in spans[1][0][3]
+
+
 def test_a_rerun_skips_every_built_partition(traced):
     entries = sorted((traced / "trace-index").glob(f"*/{ENTRY}"))
     before = {p: p.stat().st_mtime_ns for p in sorted((traced / "trace-index").rglob("*"))}

@@ -138,7 +138,8 @@ class ShardConfig(StrictModel):
 
 class TraceIndexConfig(StrictModel):
     """The trace-index stage: an exact-match index (infini-gram suffix arrays) over the shards' tokens, one per
-    shard partition, that /v1/trace and the contamination report search (lmforge.trace)."""
+    group of shard_partitions_per_index shard partitions, that /v1/trace and the contamination report search
+    (lmforge.trace)."""
 
     enabled: bool = Field(False, description="build the trace index (trace-index/ in the output): off, the stage "
                                              "has no tasks and the report writes nothing for it")
@@ -149,6 +150,11 @@ class TraceIndexConfig(StrictModel):
         25_000_000, ge=1024, description="tokens per suffix-array part: a partition larger than this is sorted in "
                                          "parts, then merged; a task's memory is about 20 bytes per part token")
     threads: int = Field(1, ge=1, description="threads of the suffix-array merge in each task")
+    shard_partitions_per_index: int = Field(
+        1, ge=1, description="consecutive shard partitions one trace-index task indexes as one index partition. "
+                             "A query costs about the same per index partition whatever its size "
+                             "(docs/benchmarks.md), so fewer, larger index partitions answer faster; a task's time "
+                             "grows with it, its memory follows part_tokens")
 
     @field_validator("splits")
     @classmethod

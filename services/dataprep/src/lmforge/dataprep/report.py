@@ -40,7 +40,7 @@ from lmforge.dataprep.stats import StepStats, merge_stats
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
 from lmforge.dataprep.timings import PHASES, phase_summary, read_timings
 from lmforge.dataprep.tokenize import read_token_index
-from lmforge.dataprep.trace_index import trace_index_section
+from lmforge.dataprep.trace_index import index_partitions, trace_index_section
 from lmforge.trace.format import read_index_json
 
 LENGTH_EDGES = [0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -206,10 +206,10 @@ def contamination_reports(store: Store) -> list[str]:
 def _trace_index(run: Run) -> dict:
     """report.json's trace_index section, from trace-index/index.json (written by the report stage before this)."""
     if not run.config.trace_index.enabled:
-        return trace_index_section(run.store, None, 0)
+        return trace_index_section(run.store, None)
     store = run.store
     info = read_index_json(store.read_text(layout.TRACE_INDEX_JSON), store.join(layout.TRACE_INDEX_JSON))
-    return trace_index_section(store, info, partition_count(run.n_inputs, run.config.shards.inputs_per_partition))
+    return trace_index_section(store, info)
 
 
 def _near_duplicate_groups(store: Store, run: Run) -> int:
@@ -263,7 +263,8 @@ def _tokenize_row(summary: dict, run: Run) -> dict:
 
 
 def _add_shard_and_process_rows(run: Run, tasks: TaskSummary, records: list[dict]) -> None:
-    """Each shard partition's task (and its trace-index task), then each main process's part of each phase."""
+    """Each shard partition's task, each index partition's trace-index task, then each main process's part of
+    each phase."""
     for partition in range(partition_count(run.n_inputs, run.config.shards.inputs_per_partition)):
         summary = json.loads(run.store.read_text(layout.shard_entries(partition)))
         first, stop = summary["inputs"]
@@ -273,11 +274,13 @@ def _add_shard_and_process_rows(run: Run, tasks: TaskSummary, records: list[dict
         tasks.add({"phase": "shards", "task": f"shards {partition}", "input": inputs,
                    "seconds": summary["seconds"], "peak_rss_bytes": summary["peak_rss_bytes"],
                    "docs_kept": None, "error": None, "problems": {}}, kind="shards")
-        if run.config.trace_index.enabled:
-            built = json.loads(run.store.read_text(layout.trace_index_stats(partition)))
-            tasks.add({"phase": "trace-index", "task": f"trace-index {partition}", "input": inputs,
-                       "seconds": built["seconds"], "peak_rss_bytes": built["peak_rss_bytes"],
-                       "docs_kept": None, "error": None, "problems": {}}, kind="trace-index")
+    for partition, shard_partitions in enumerate(index_partitions(run.config, run.n_inputs)):
+        built = json.loads(run.store.read_text(layout.trace_index_stats(partition)))
+        first, last = shard_partitions.start, shard_partitions.stop - 1
+        tasks.add({"phase": "trace-index", "task": f"trace-index {partition}",
+                   "input": f"shard partition {first}" if first == last else f"shard partitions {first}–{last}",
+                   "seconds": built["seconds"], "peak_rss_bytes": built["peak_rss_bytes"],
+                   "docs_kept": None, "error": None, "problems": {}}, kind="trace-index")
     for record in records:
         tasks.add({"phase": record["phase"], "task": "main process", "input": None,
                    "host": record["host"], "pid": record["pid"],

@@ -19,8 +19,9 @@ Stages and their completion markers (a rerun skips what is complete):
   tokenize    per input: tokens + index + dedup rejects               → work/done/tokenize-*
   shards      per shard partition (inputs_per_partition inputs):
               shuffle, split, shards, lineage                         → work/shards/partition-*.json
-  trace-index per shard partition, when trace_index.enabled: the
-              exact-match index of its shards (trace_index.py)        → trace-index/partition-*/entry.json
+  trace-index per index partition (shard_partitions_per_index shard
+              partitions), when trace_index.enabled: the exact-match
+              index of their shards (trace_index.py)                  → trace-index/partition-*/entry.json
   report      manifest.json, trace-index/index.json (when enabled),
               report.json + report.html
 No task reads more than a bounded number of objects: a dedup task one per input group, a
@@ -49,13 +50,13 @@ from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import check_minhash_config, resolved_minhash_config, write_minhash_config
 from lmforge.dataprep.progress import Progress
 from lmforge.dataprep.run import Run
-from lmforge.dataprep.shard_writer import partition_count, partitions, write_manifest
+from lmforge.dataprep.shard_writer import partitions, write_manifest
 from lmforge.dataprep.stages import GLOBAL_STAGES
 from lmforge.dataprep.steps.reader import BAD_INPUT_PREFIX
 from lmforge.dataprep.tasks import Task, input_tasks, partition_tasks, shard_tasks, tokenize_tasks, trace_index_tasks
 from lmforge.dataprep.timings import timed_phase
 from lmforge.dataprep.tokenize import prepare_tokenizer
-from lmforge.dataprep.trace_index import write_index_json
+from lmforge.dataprep.trace_index import index_partitions, write_index_json
 
 T = TypeVar("T", bound=Task)
 
@@ -284,13 +285,13 @@ def run_manifest(run: Run) -> dict:
 
 
 def run_trace_index(run: Run, indices: Iterable[int] | None = None) -> None:
-    """The trace index of the shard partitions at `indices` (all when None); nothing when disabled."""
+    """The trace index partitions at `indices` (all when None); nothing when disabled."""
     if not run.config.trace_index.enabled:
         run.log.info("phase_start", phase="trace-index", tasks=0, pending=0, disabled=True)
         return
     tasks = trace_index_tasks(run.config, _tokenizer_info(run), run.n_inputs)
-    missing = [task.partition for task in _chosen(tasks, indices)
-               if not run.store.exists(layout.shard_entries(task.partition))]
+    missing = [p for task in _chosen(tasks, indices) for p in task.shard_partitions
+               if not run.store.exists(layout.shard_entries(p))]
     if missing:
         raise InputError(f"{len(missing)} shard partition(s) not written yet (e.g. {missing[:5]}): "
                          "run the shards stage first")
@@ -303,8 +304,8 @@ def run_trace_index_json(run: Run) -> dict | None:
         return None
     manifest_sha256 = hashlib.sha256(run.store.read_bytes(layout.MANIFEST)).hexdigest()
     with timed_phase(run.store, "report", 1):
-        info = write_index_json(run.store, partition_count(run.n_inputs, run.config.shards.inputs_per_partition),
-                                _tokenizer_info(run), manifest_sha256)
+        info = write_index_json(run.store, len(index_partitions(run.config, run.n_inputs)), _tokenizer_info(run),
+                                manifest_sha256)
     run.log.info("trace_index_written", index=run.store.join(layout.TRACE_INDEX_JSON), tokens=info["tokens"],
                  documents=info["documents"], bytes=info["bytes"], partitions=len(info["partitions"]))
     return info
@@ -347,9 +348,8 @@ def stage_task_count(run: Run, stage: str, round: int | None = None) -> int:
         return len(components.components_tasks(run.config, run.n_inputs, round or 0))
     if stage == "shards":
         return len(partitions(run.n_inputs, run.config.shards.inputs_per_partition))
-    if stage == "trace-index":  # one per shard partition; none when disabled
-        enabled = run.config.trace_index.enabled
-        return partition_count(run.n_inputs, run.config.shards.inputs_per_partition) if enabled else 0
+    if stage == "trace-index":  # one per index partition; none when disabled
+        return len(index_partitions(run.config, run.n_inputs))
     raise ConfigError(f"{stage!r} is not a split data-prep stage")
 
 

@@ -58,9 +58,9 @@ STAGES: tuple[Stage, ...] = (
           "tokenize one slice of the inputs, less the duplicates"),
     Stage("shards", INDEXED, "one shard partition",
           "shuffle and write the shards of one slice of the shard partitions"),
-    Stage("trace-index", INDEXED, "one shard partition",
-          "build the exact-match trace index (suffix array + lineage) of one slice of the shard partitions "
-          "(nothing unless trace_index.enabled)"),
+    Stage("trace-index", INDEXED, "one index partition",
+          "build the exact-match trace index (suffix array + lineage) of one slice of the index partitions, "
+          "each trace_index.shard_partitions_per_index shard partitions (nothing unless trace_index.enabled)"),
     Stage("report", SINGLE, "the whole run",
           "write manifest.json (once every shard partition is written), report.json and report.html"),
 )

@@ -17,9 +17,9 @@ from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.dedup_global import PartitionPlan, group_partition
-from lmforge.dataprep.shard_writer import partition_count, partitions, write_partition_shards
+from lmforge.dataprep.shard_writer import partitions, write_partition_shards
 from lmforge.dataprep.tokenize import tokenize_input
-from lmforge.dataprep.trace_index import build_trace_partition
+from lmforge.dataprep.trace_index import build_trace_partition, index_partitions
 from lmforge.dataprep.worker import InputResult, process_input
 
 
@@ -97,17 +97,18 @@ class ShardTask:
 
 @dataclass(frozen=True)
 class TraceIndexTask:
-    """The trace index of one shard partition's shards (trace_index.py)."""
+    """The trace index of one group of shard partitions' shards (trace_index.py)."""
 
     tokenizer_info: dict
     partition: int
+    shard_partitions: range
 
     @property
     def done_marker(self) -> str:
         return layout.trace_entry(self.partition)
 
     def run(self, store: Store, config: DataprepConfig) -> dict:
-        return build_trace_partition(store, config, self.tokenizer_info, self.partition)
+        return build_trace_partition(store, config, self.tokenizer_info, self.partition, self.shard_partitions)
 
 
 def input_tasks(inputs: list[str]) -> list[InputTask]:
@@ -128,8 +129,6 @@ def shard_tasks(config: DataprepConfig, tokenizer_info: dict, n_inputs: int) -> 
 
 
 def trace_index_tasks(config: DataprepConfig, tokenizer_info: dict, n_inputs: int) -> list[TraceIndexTask]:
-    """One task per shard partition; none when trace_index is disabled."""
-    if not config.trace_index.enabled:
-        return []
-    return [TraceIndexTask(tokenizer_info, p)
-            for p in range(partition_count(n_inputs, config.shards.inputs_per_partition))]
+    """One task per index partition; none when trace_index is disabled."""
+    return [TraceIndexTask(tokenizer_info, i, shard_partitions)
+            for i, shard_partitions in enumerate(index_partitions(config, n_inputs))]

@@ -1,11 +1,15 @@
-"""The trace-index stage: an exact-match index (lmforge.trace) over one shard partition's tokens, and the
-index.json the report assembles from every partition's entry.
+"""The trace-index stage: an exact-match index (lmforge.trace) over the tokens of a group of shard partitions,
+and the index.json the report assembles from every index partition's entry.
 
-A task reads its partition's shards of the configured splits (trace_index.splits) one document at a time
+Index partition i covers shard partitions [i·k, (i+1)·k), k = trace_index.shard_partitions_per_index
+(index_partitions declares it; the stage's task list and the report derive from it). A query's cost is
+nearly the same per index partition whatever its size, so k trades task time for query latency.
+
+A task reads its shard partitions' shards of the configured splits (trace_index.splits) one document at a time
 (memory-mapped shard, its document ends, its lineage file read in row batches), drops each document's
 end-of-text token and hands it, with its lineage (doc_id, url, record_id, shard, token_offset), to
 lmforge.trace.build.build_partition, which writes the index files into a local scratch directory in parts
-of trace_index.part_tokens tokens: a task's memory follows part_tokens, not the partition. The files are
+of trace_index.part_tokens tokens: a task's memory follows part_tokens, not the index partition. The files are
 then uploaded through the run's store, each one's sha256 checked against the entry's, the task's stats
 written, and the partition's entry.json last (the task's done marker, and what index.json lists).
 
@@ -31,10 +35,20 @@ from lmforge.common.store import Store
 from lmforge.dataprep import layout
 from lmforge.dataprep.config import DataprepConfig
 from lmforge.dataprep.parquet_io import column_or_default, iter_batches
+from lmforge.dataprep.shard_writer import partition_count
 from lmforge.dataprep.stats import PeakRss
 from lmforge.trace import format as trace_format
 
 LINEAGE_COLUMNS = ["doc_id", "url", "record_id", "shard", "token_offset"]
+
+
+def index_partitions(config: DataprepConfig, n_inputs: int) -> list[range]:
+    """The shard partitions of each index partition (none when the trace index is disabled)."""
+    if not config.trace_index.enabled:
+        return []
+    shard_partitions = partition_count(n_inputs, config.shards.inputs_per_partition)
+    k = config.trace_index.shard_partitions_per_index
+    return [range(start, min(start + k, shard_partitions)) for start in range(0, shard_partitions, k)]
 
 
 def partition_shards(store: Store, splits: list[str], partition: int) -> list[tuple[str, str]]:
@@ -77,8 +91,10 @@ def shard_documents(store: Store, shard: str, lineage: str, eot_id: int) -> Iter
     del tokens
 
 
-def build_trace_partition(store: Store, config: DataprepConfig, tokenizer_info: dict, partition: int) -> dict:
-    """Build, upload and verify shard partition `partition`'s index; its entry.json last. Returns the task's stats."""
+def build_trace_partition(store: Store, config: DataprepConfig, tokenizer_info: dict, partition: int,
+                          shard_partitions: range) -> dict:
+    """Build, upload and verify index partition `partition` (the shards of `shard_partitions`); its entry.json
+    last. Returns the task's stats."""
     from lmforge.trace.build import build_partition
 
     if store.exists(layout.trace_entry(partition)):
@@ -86,7 +102,7 @@ def build_trace_partition(store: Store, config: DataprepConfig, tokenizer_info: 
     started, peak = time.perf_counter(), PeakRss()
     settings = config.trace_index
     eot = tokenizer_info["eot_id"]
-    shards = partition_shards(store, settings.splits, partition)
+    shards = [shard for p in shard_partitions for shard in partition_shards(store, settings.splits, p)]
 
     def documents() -> Iterator[tuple[np.ndarray, dict]]:
         for shard, lineage in shards:
@@ -106,7 +122,8 @@ def build_trace_partition(store: Store, config: DataprepConfig, tokenizer_info: 
             if uploaded != entry["files"][file_name]["sha256"]:
                 raise StorageError(f"{store.join(rel)}: uploaded sha256 {uploaded} is not the built file's "
                                    f"{entry['files'][file_name]['sha256']}")
-    stats = {"partition": partition, "splits": list(settings.splits), "shards": len(shards),
+    stats = {"partition": partition, "shard_partitions": [shard_partitions.start, shard_partitions.stop],
+             "splits": list(settings.splits), "shards": len(shards),
              "tokens": entry["tokens"], "documents": entry["documents"],
              "bytes": sum(f["bytes"] for f in entry["files"].values()),
              "build_seconds": round(build_seconds, 4), "seconds": round(time.perf_counter() - started, 4),
@@ -140,12 +157,12 @@ def write_index_json(store: Store, n_partitions: int, tokenizer_info: dict, mani
     return info
 
 
-def trace_index_section(store: Store, info: dict | None, n_partitions: int) -> dict:
+def trace_index_section(store: Store, info: dict | None) -> dict:
     """report.json's trace_index: the index's size and what building it cost."""
     if info is None:
         return {"enabled": False}
     seconds, peaks = 0.0, []
-    for p in range(n_partitions):
+    for p in range(len(info["partitions"])):
         stats = json.loads(store.read_text(layout.trace_index_stats(p)))
         seconds += stats["seconds"]
         peaks.append(stats["peak_rss_bytes"])
