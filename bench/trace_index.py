@@ -104,10 +104,11 @@ def build_task(args: tuple) -> dict:
 
     from lmforge.dataprep.stats import PeakRss
 
-    train_path, root, seed, tokens, perturb, part_tokens = args
+    train_path, root, seeds, tokens, perturb, part_tokens = args
     train = documents(train_path)
-    docs = list(partition_docs(train, seed, tokens, perturb))  # generated before the clock starts
-    name = f"partition-{seed:06d}"
+    # generated before the clock starts; several seeds: shard partitions grouped into one index partition
+    docs = [doc for seed in seeds for doc in partition_docs(train, seed, tokens, perturb)]
+    name = f"partition-{seeds[0]:06d}"
     peak = PeakRss()  # resets the high-water mark to the RSS now: the documents generated, nothing built
     base = peak.bytes()
     started = time.perf_counter()
@@ -135,13 +136,17 @@ def write_root(root: Path, entries: list[dict], tokenizer: Path, partition_dirs:
                                                          tokenizer_sha256=digest)))
 
 
-def build_scale(scale: int, args, train_path: Path, tokenizer: Path) -> dict:
-    root = Path(args.workdir) / f"index-{scale}x"
+def build_scale(scale: int, args, train_path: Path, tokenizer: Path, group: int = 1, shard_partitions: int = 0,
+                name: str = "") -> dict:
+    """Scale `scale`: partitions_per_x * scale shard partitions (or `shard_partitions`), `group` of them per
+    index partition (trace_index.shard_partitions_per_index)."""
+    root = Path(args.workdir) / (name or f"index-{scale}x")
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    n = args.partitions_per_x * scale
-    jobs = [(train_path, root, 1000 * scale + p, args.partition_tokens, args.perturb, args.part_tokens)
-            for p in range(n)]
+    seeds = [1000 * scale + p for p in range(shard_partitions or args.partitions_per_x * scale)]
+    groups = [seeds[i:i + group] for i in range(0, len(seeds), group)]
+    n = len(groups)
+    jobs = [(train_path, root, g, args.partition_tokens, args.perturb, args.part_tokens) for g in groups]
     started = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:
@@ -155,7 +160,7 @@ def build_scale(scale: int, args, train_path: Path, tokenizer: Path) -> dict:
         for name, f in e["files"].items():
             files[name] = files.get(name, 0) + f["bytes"]
     rates = [t["entry"]["tokens"] / t["seconds"] for t in tasks]
-    return {"scale": scale, "partitions": n, "tokens": tokens, "wall_seconds": wall, "workers": args.workers,
+    return {"scale": scale, "partitions": n, "shard_partitions_per_index": group, "tokens": tokens, "wall_seconds": wall, "workers": args.workers,
             "tokens_per_second_per_core": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)},
             "task_seconds_median": statistics.median(t["seconds"] for t in tasks),
             "bytes_per_token": sum(files.values()) / tokens,

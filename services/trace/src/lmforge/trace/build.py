@@ -132,15 +132,12 @@ def _checked_ids(ids, vocab_size: int, doc_id) -> np.ndarray:
 def _write_unigram(out_dir: Path, dtype: np.dtype, vocab_size: int) -> None:
     """Count every token id from tokenized.0 in bounded chunks (separators excluded)."""
     counts = np.zeros(vocab_size, dtype=np.uint64)
-    path = out_dir / "tokenized.0"
-    if path.stat().st_size:
-        data = np.memmap(path, dtype=dtype, mode="r")
-        separator = np.iinfo(dtype).max
-        for start in range(0, data.size, _UNIGRAM_CHUNK):
-            chunk = np.asarray(data[start:start + _UNIGRAM_CHUNK])
+    separator = np.iinfo(dtype).max
+    # read, not memory-mapped: a mapped file's touched pages count in the task's RSS (the whole partition)
+    with open(out_dir / "tokenized.0", "rb") as fh:
+        while (chunk := np.fromfile(fh, dtype=dtype, count=_UNIGRAM_CHUNK)).size:
             chunk = chunk[chunk != separator]
             counts += np.bincount(chunk, minlength=vocab_size).astype(np.uint64)
-        del data
     np.save(out_dir / "unigram.npy", counts)
 
 
