@@ -15,9 +15,11 @@ core, peak RSS of the task process and of its indexer children (getrusage), byte
 
 Query: lmforge.trace.query.trace_tokens (the server's code path below HTTP) over one engine across the
 partitions of 100 M tokens (scale 1) and of 1 B tokens (the first 40 partitions of scale 16), page cache
-warm (the index was just written). Outputs: --queries 256-token windows, half copied from training
-documents (a 64-token window replaced by held-out text, so several spans), half held-out text (only
-short common phrases match). min_span_tokens 8, max_documents 10, span_density 0.05 (the route's
+warm (the index was just written); each in two layouts of the same documents: one index partition per
+shard partition, and shard partitions grouped (trace_index.shard_partitions_per_index: 4 → one 100 M-token
+index partition; --large-group 10 → four 250 M-token ones). Outputs: --queries 256-token windows, half
+copied from training documents (a 64-token window replaced by held-out text, so several spans), half
+held-out text (only short common phrases match). min_span_tokens 8, max_documents 10, span_density 0.05 (the route's
 defaults). p50/p99 latency, spans per query.
 
 Results: bench/out/trace-index.json and Markdown tables (docs/benchmarks.md).
@@ -100,9 +102,8 @@ def partition_docs(train: list[np.ndarray], seed: int, tokens: int, perturb: flo
 
 def build_task(args: tuple) -> dict:
     """One data-prep trace-index task, in a fresh process: its partition's documents, then the build."""
-    from lmforge.trace.build import build_partition
-
     from lmforge.dataprep.stats import PeakRss
+    from lmforge.trace.build import build_partition
 
     train_path, root, seeds, tokens, perturb, part_tokens = args
     train = documents(train_path)
@@ -160,7 +161,8 @@ def build_scale(scale: int, args, train_path: Path, tokenizer: Path, group: int 
         for name, f in e["files"].items():
             files[name] = files.get(name, 0) + f["bytes"]
     rates = [t["entry"]["tokens"] / t["seconds"] for t in tasks]
-    return {"scale": scale, "partitions": n, "shard_partitions_per_index": group, "tokens": tokens, "wall_seconds": wall, "workers": args.workers,
+    return {"scale": scale, "partitions": n, "shard_partitions_per_index": group, "tokens": tokens,
+            "wall_seconds": wall, "workers": args.workers,
             "tokens_per_second_per_core": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)},
             "task_seconds_median": statistics.median(t["seconds"] for t in tasks),
             "bytes_per_token": sum(files.values()) / tokens,
@@ -218,20 +220,37 @@ def query_latency(root: Path, tokenizer: Path, ids: list[np.ndarray]) -> dict:
 
 
 def model_15t(builds: list[dict], latency: list[dict], args) -> dict:
-    """Index size and query latency at 15 T tokens, with partitions as the chart's data prep makes them."""
+    """Index size and query latency at 15 T tokens on the chart's layout: index partitions of
+    shard_partitions_per_index shard partitions of --chart-partition-tokens tokens each.
+
+    A query's cost is a sum over index partitions; the cost of one partition, c(T), is fitted as a + b·log2(T)
+    (the suffix-array searches' depth) through the two grouped measurements: one 100 M-token partition and
+    the 1 B-token index in 250 M-token partitions (p50 / partitions). c is in this machine's milliseconds
+    with the engine on both cores; a pod with C cores does it 2/C as long. The 15 T index cannot sit on one
+    replica's disk, so the model spreads the partitions over R trace replicas queried in parallel and asks
+    how many make the p50 one second."""
     bytes_per_token = builds[-1]["bytes_per_token"]
-    small, large = latency[0], latency[-1]
-    per_partition_ms = (large["p50_ms"] - small["p50_ms"]) / max(1, large["partitions"] - small["partitions"])
-    fixed_ms = small["p50_ms"] - per_partition_ms * small["partitions"]
+    points = [(lat["partition_tokens"], lat["p50_ms"] / lat["partitions"]) for lat in latency if lat["grouped"]]
+    (t1, c1), (t2, c2) = sorted(points)
+    slope = (c2 - c1) / (math.log2(t2) - math.log2(t1))
+
+    def cost_ms(partition_tokens: float) -> float:
+        return c1 + slope * (math.log2(partition_tokens) - math.log2(t1))
+
     tokens = 15e12
-    partition_tokens = args.chart_partition_tokens
-    partitions = tokens / partition_tokens
+    rows = []
+    for group in (1, args.chart_group):
+        partition_tokens = group * args.chart_partition_tokens
+        partitions = math.ceil(tokens / partition_tokens)
+        work_ms = partitions * cost_ms(partition_tokens) * 2 / args.model_cores
+        replicas = math.ceil(work_ms / 1000)
+        rows.append({"shard_partitions_per_index": group, "index_partition_tokens": partition_tokens,
+                     "index_partitions": partitions, "partition_ms": cost_ms(partition_tokens),
+                     "one_replica_p50_seconds": work_ms / 1000, "replicas_for_1s": replicas,
+                     "disk_per_replica_bytes": tokens * bytes_per_token / replicas})
     return {"tokens": tokens, "bytes": tokens * bytes_per_token, "bytes_per_token": bytes_per_token,
-            "partition_tokens": partition_tokens, "partitions": partitions,
-            "per_partition_ms": per_partition_ms, "fixed_ms": fixed_ms,
-            "one_engine_p50_seconds": (fixed_ms + per_partition_ms * partitions) / 1000,
-            "pods_for_1s": math.ceil(per_partition_ms * partitions / max(1.0, 1000 - fixed_ms) / args.model_threads),
-            "model_threads": args.model_threads}
+            "cost_fit": {"partition_tokens": [t1, t2], "partition_ms": [c1, c2]},
+            "model_cores": args.model_cores, "layouts": rows}
 
 
 def main() -> None:
@@ -247,7 +266,11 @@ def main() -> None:
     parser.add_argument("--large-tokens", type=float, default=1e9, help="the second query index (tokens)")
     parser.add_argument("--chart-partition-tokens", type=float, default=2e8,
                         help="tokens of one shard partition at full scale (docs/scaling.md: 16 WET inputs)")
-    parser.add_argument("--model-threads", type=int, default=16, help="query threads per trace pod in the model")
+    parser.add_argument("--large-group", type=int, default=10,
+                        help="shard partitions per index partition of the grouped 1 B-token index")
+    parser.add_argument("--chart-group", type=int, default=10,
+                        help="shard_partitions_per_index of the 15 T model's grouped layout")
+    parser.add_argument("--model-cores", type=int, default=16, help="cores per trace replica in the model")
     parser.add_argument("--keep", action="store_true", help="keep the indexes")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"))
     args = parser.parse_args()
@@ -262,40 +285,61 @@ def main() -> None:
         result = build_scale(scale, args, train_path, tokenizer)
         builds.append(result)
         print(json.dumps({k: v for k, v in result.items() if k != "root"}), flush=True)
+    # the same documents as index partitions of several shard partitions (trace_index.shard_partitions_per_index)
+    large_shards = max(1, round(args.large_tokens / args.partition_tokens))
+    grouped = [build_scale(1, args, train_path, tokenizer, group=args.partitions_per_x, name="index-1x-grouped"),
+               build_scale(16, args, train_path, tokenizer, group=args.large_group, shard_partitions=large_shards,
+                           name="index-large-grouped")]
+    for result in grouped:
+        print(json.dumps({k: v for k, v in result.items() if k != "root"}), flush=True)
     ids = queries(args, train_path, workdir / "heldout.npz")
-    latency = [query_latency(Path(builds[0]["root"]), tokenizer, ids)]
     biggest = Path(builds[-1]["root"])
     entries = [json.loads((biggest / f"partition-{1000 * int(args.scales.split(',')[-1]) + p:06d}" / "entry.json")
                           .read_text()) for p in range(builds[-1]["partitions"])]
-    keep = entries[: max(1, round(args.large_tokens / args.partition_tokens))]
+    keep = entries[:large_shards]
     large_root = workdir / "index-large"
     shutil.rmtree(large_root, ignore_errors=True)
     write_root(large_root, keep, tokenizer, [biggest / e["name"] for e in keep])
-    latency.append(query_latency(large_root, tokenizer, ids))
-    for result in latency:
+    latency = []
+    for root, group in ((Path(builds[0]["root"]), 1), (Path(grouped[0]["root"]), args.partitions_per_x),
+                        (large_root, 1), (Path(grouped[1]["root"]), args.large_group)):
+        result = query_latency(root, tokenizer, ids)
+        result.update(shard_partitions_per_index=group, grouped=group > 1,
+                      partition_tokens=result["tokens"] / result["partitions"])
+        latency.append(result)
         print(json.dumps(result), flush=True)
     model = model_15t(builds, latency, args)
     result = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs", "corpus_tokens": corpus_tokens,
               "perturb": args.perturb, "partition_tokens": args.partition_tokens, "part_tokens": args.part_tokens,
-              "builds": builds, "latency": latency, "model_15t": model,
+              "builds": builds, "grouped_builds": grouped, "latency": latency, "model_15t": model,
               "load_average": os.getloadavg()[0]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "trace-index.json").write_text(json.dumps(result, indent=1))
     print("| scale | partitions | tokens | tokens/s/core (median) | bytes/token | peak RSS task | peak RSS indexer |"
           " wall s |\n|---|---|---|---|---|---|---|---|")
-    for b in builds:
-        print(f"| {b['scale']}x | {b['partitions']} | {b['tokens'] / 1e6:,.0f} M | "
+    for b in builds + grouped:
+        print(f"| {b['scale']}x{' grouped' if b['shard_partitions_per_index'] > 1 else ''} | {b['partitions']} | "
+              f"{b['tokens'] / 1e6:,.0f} M | "
               f"{b['tokens_per_second_per_core']['median'] / 1e6:.2f} M | {b['bytes_per_token']:.2f} | "
               f"{b['peak_rss_task_max'] / 2**20:.0f} MiB | {b['peak_rss_indexer_max'] / 2**20:.0f} MiB | "
               f"{b['wall_seconds']:.0f} |")
-    print("| index | partitions | p50 ms | p99 ms | spans/query |\n|---|---|---|---|---|")
+    print("| index | shard partitions per index | index partitions | p50 ms | p99 ms | spans/query |\n"
+          "|---|---|---|---|---|---|")
     for lat in latency:
-        print(f"| {lat['tokens'] / 1e6:,.0f} M tokens | {lat['partitions']} | {lat['p50_ms']:.1f} | "
-              f"{lat['p99_ms']:.1f} | {lat['spans_per_query']:.1f} |")
+        print(f"| {lat['tokens'] / 1e6:,.0f} M tokens | {lat['shard_partitions_per_index']} | {lat['partitions']} | "
+              f"{lat['p50_ms']:.1f} | {lat['p99_ms']:.1f} | {lat['spans_per_query']:.1f} |")
+    print("| 15 T layout | index partition tokens | index partitions | ms per partition | one replica p50 s |"
+          f" replicas for a 1 s p50 ({args.model_cores} cores each) | index per replica |\n"
+          "|---|---|---|---|---|---|---|")
+    for row in model["layouts"]:
+        print(f"| {row['shard_partitions_per_index']} shard partitions per index | "
+              f"{row['index_partition_tokens'] / 1e9:g} B | {row['index_partitions']:,} | {row['partition_ms']:.0f} | "
+              f"{row['one_replica_p50_seconds']:,.0f} | {row['replicas_for_1s']:,} | "
+              f"{row['disk_per_replica_bytes'] / 1e12:.2f} TB |")
     print(json.dumps(model, indent=1))
     if not args.keep:
-        for b in builds:
+        for b in builds + grouped:
             shutil.rmtree(b["root"], ignore_errors=True)
         shutil.rmtree(large_root, ignore_errors=True)
 

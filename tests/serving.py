@@ -29,34 +29,9 @@ from lmforge.model.package import load_package, write_package
 from lmforge.model.transformer import GPT
 from tests.ports import free_port
 from tests.processes import stop, wait_http_ok
+from tests.tiny_text import EOT, SENTENCES, train_tokenizer  # noqa: F401 - re-exported to the tests
 
-EOT = "<|endoftext|>"
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "The capital of France is Paris, and the capital of Italy is Rome.",
-    "Water boils at one hundred degrees Celsius at sea level.",
-    "A week has seven days and a year has twelve months.",
-    "The sun rises in the east and sets in the west.",
-    "Bees make honey from the nectar of flowers.",
-    "The train to the north leaves at nine in the morning.",
-    "Two plus two is four, and three plus three is six.",
-    "Grüße aus München: das Café öffnet um acht Uhr.",
-    "Our garden has roses, tulips and a small apple tree.",
-]
 CONFIG = dict(n_layer=2, n_head=4, n_embd=64, context_length=96)
-
-
-def train_tokenizer(path: Path, vocab_size: int = 320) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(SENTENCES * 4, trainer)
-    tokenizer.save(str(path))
-    return path
 
 
 _TRAINED: dict[tuple[int, int], Path] = {}  # (steps, seed) → the package this process trained

@@ -2,9 +2,9 @@
 tokenizer.json) from a list of token-id documents, built by the real builder, plus a real byte-level BPE tokenizer
 trained on a few sentences.
 
-`make_tokenizer` trains exactly as tests/serving.py's `train_tokenizer` does (same sentences, same trainer), without
-importing torch; pass the served package's own tokenizer.json to `build_test_index` when a server must accept the
-index (the tokenizer hashes have to match)."""
+`make_tokenizer` is tests/tiny_text.py's tokenizer, the one tests/serving.py's tiny model is trained with; pass the
+served package's own tokenizer.json to `build_test_index` when a server must accept the index (the tokenizer hashes
+have to match)."""
 
 from __future__ import annotations
 
@@ -17,35 +17,9 @@ import numpy as np
 from lmforge.common.storage import sha256_file
 from lmforge.trace.build import build_partition
 from lmforge.trace.format import ENTRY, INDEX_JSON, TOKENIZER, index_json, partition_dir
+from tests.tiny_text import EOT, SENTENCES, train_tokenizer  # noqa: F401 - re-exported to the tests
 
-EOT = "<|endoftext|>"
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "The capital of France is Paris, and the capital of Italy is Rome.",
-    "Water boils at one hundred degrees Celsius at sea level.",
-    "A week has seven days and a year has twelve months.",
-    "The sun rises in the east and sets in the west.",
-    "Bees make honey from the nectar of flowers.",
-    "The train to the north leaves at nine in the morning.",
-    "Two plus two is four, and three plus three is six.",
-    "Grüße aus München: das Café öffnet um acht Uhr.",
-    "Our garden has roses, tulips and a small apple tree.",
-]
-
-
-def make_tokenizer(path: Path, vocab_size: int = 320, sentences: list[str] = SENTENCES) -> Path:
-    """A byte-level BPE tokenizer.json (EOT is id 0) trained on `sentences`; returns `path`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(sentences * 4, trainer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(path))
-    return path
+make_tokenizer = train_tokenizer
 
 
 def doc_metadata(i: int, url: str | None = None) -> dict:

@@ -215,7 +215,8 @@ def test_server_without_a_trace_index_passes_and_says_not_traced(eval_set, good_
     result = run_canary("--endpoint", good_server, "--eval-set", str(eval_set), "--pushgateway", pushgateway,
                         "--set", "push.grouping.run=notrace")
     assert result.code == 0, str(result)
-    assert "memorization: not traced (HTTP 404: this server traces nothing: it has no trace index" in result.stderr
+    assert ("memorization: not traced (check 's0': HTTP 404: this server traces nothing: it has no trace "
+            "index") in result.stderr
     assert "RESULT: PASS" in result.stderr
     assert result.event("memorization_not_traced")["reason"].startswith("HTTP 404")
     group = {"job": "lmforge-canary", "model": "canary-good", "run": "notrace"}

@@ -17,7 +17,7 @@ from lmforge.canary.client import InferenceClient
 from lmforge.canary.compare import Verdict, compare
 from lmforge.canary.config import HttpSection, MemorizationSection, PushSection, ToleranceSection
 from lmforge.canary.evaluate import CheckResult, EvalResult, EvalSetRef
-from lmforge.canary.memorization import covered_tokens, measure_memorization
+from lmforge.canary.memorization import measure_memorization
 from lmforge.canary.metrics import build_registry, push
 from lmforge.canary.report import render
 from tests.canary.helpers import run_canary
@@ -77,13 +77,6 @@ def _measured():
                                     MemorizationSection()), sent
 
 
-def test_covered_tokens_is_the_union_of_the_long_spans():
-    assert covered_tokens([(0, 40), (30, 75), (80, 90)], 32) == 75
-    assert covered_tokens([(10, 50), (15, 49)], 32) == 40
-    assert covered_tokens([(50, 90), (0, 40), (39, 41)], 2) == 81  # unsorted; a bridge of 2 joins them
-    assert covered_tokens([(0, 10)], 32) == 0 and covered_tokens([], 1) == 0
-
-
 def test_ratio_over_all_outputs_with_overlapping_spans():
     memorization, sent = _measured()
     # Every output but the empty one is traced, authenticated, with every maximal span of ≥ 32 tokens.
@@ -123,12 +116,22 @@ def test_a_trace_index_still_loading_is_not_traced():
         memorization = measure_memorization(client, [("a", "output a")], MemorizationSection())
     assert len(sent) == FAST.attempts  # 503 is retried, as for completions
     assert not memorization.traced and memorization.ratio is None
-    assert memorization.reason == "HTTP 503: the trace index is loading"
+    assert memorization.reason == "check 'a': HTTP 503: the trace index is loading"
     result = _result(memorization)
     samples = registry_samples(build_registry(result, Verdict(passed=True), None))
     assert "lmforge_canary_memorized_token_ratio" not in samples and "lmforge_canary_passed" in samples
     table = render(result, EVAL_SET, Verdict(passed=True), None, None, ToleranceSection(), None)
-    assert "memorization: not traced (HTTP 503: the trace index is loading)" in table
+    assert "memorization: not traced (check 'a': HTTP 503: the trace index is loading)" in table
+
+
+@pytest.mark.parametrize(("status", "said"), [(413, "the text has 3000 tokens"), (504, "the trace took too long"),
+                                              (429, "busy")])
+def test_a_failed_trace_costs_the_measurement_not_the_run(status, said):
+    client, _ = _client(lambda body: httpx.Response(status, json={"error": {"message": said, "type": "x"}}))
+    with client:
+        memorization = measure_memorization(client, [("a", "output a")], MemorizationSection())
+    assert not memorization.traced and memorization.ratio is None
+    assert memorization.reason.startswith("check 'a': ") and said in memorization.reason
 
 
 def _halves_index(root, package) -> list[str]:

@@ -222,6 +222,23 @@ def test_trace_true_on_completions_and_chat(server, chat_package):
         [(c["index"], {}, c["trace"]) for c in chat["choices"]]  # seeded: the same choices, the same traces
 
 
+def test_an_engine_failure_after_generation_is_the_choices_trace_error(server, monkeypatch):
+    client, _ = server
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("trace engine refused the query")
+
+    monkeypatch.setattr(trace_route, "trace_tokens", broken)
+    request = {"prompt": "The capital of", "max_tokens": 8, "temperature": 0, "trace": True}
+    answer = client.post("/v1/completions", json=request, headers=AUTH)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"]
+    error = answer.json()["choices"][0]["trace"]["error"]
+    assert error["code"] == "trace_failed" and "trace engine refused the query" in error["message"]
+    stream = client.post("/v1/completions", json={**request, "stream": True}, headers=AUTH)
+    events = [line.removeprefix("data: ") for line in stream.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["trace"]["error"]["code"] == "trace_failed"
+
+
 def test_the_openai_client_parses_a_traced_completion(server):
     client, _ = server
     # a client of its own over the same app: the openai client closes its http client when done
@@ -300,7 +317,10 @@ def test_the_standalone_service_answers_as_the_server_does(server, keys, trace_i
                                                trace=TraceConfig(index=str(trace_index), max_tokens=64)))
     loader.load()
     with TestClient(app) as standalone:
-        for body in ({"text": FRANCE, "span_density": 1}, {"text": f"We read: {FRANCE} {SENTENCES[5]}"},
-                     {"token_ids": service.model.codec.encode(SENTENCES[7]), "max_documents": 1}):
-            assert post_trace(standalone, **body).json() == post_trace(client, **body).json(), body
+        for body, status in (({"text": FRANCE, "span_density": 1}, 200),
+                             ({"text": f"We read: {FRANCE} {SENTENCES[5]}"}, 413),  # over max_tokens 64
+                             ({"token_ids": service.model.codec.encode(SENTENCES[7]), "max_documents": 1}, 200)):
+            alone, served = post_trace(standalone, **body), post_trace(client, **body)
+            assert alone.status_code == served.status_code == status, body
+            assert alone.json() == served.json() and (status != 200 or served.json()["spans"]), body
         assert standalone.post("/v1/trace", json={"text": FRANCE}).status_code == 401

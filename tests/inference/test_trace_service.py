@@ -103,6 +103,23 @@ def test_an_index_that_does_not_load_is_a_reason_not_a_crash(tmp_path, keys):
         assert client.get("/readyz").status_code == 503
 
 
+def test_an_unreadable_tokenizer_beside_the_index_is_a_reason_and_no_index_in_the_metrics(index, keys, tmp_path):
+    import shutil
+
+    broken = tmp_path / "trace-index"
+    shutil.copytree(index, broken)
+    (broken / "tokenizer.json").write_text("{not a tokenizer")
+    app, loader = create_trace_app(ServeConfig(api_keys_file=str(keys), trace=TraceConfig(index=str(broken))))
+    with TestClient(app) as client:
+        loader.load()
+        failed = client.post("/v1/trace", json={"text": TEXT}, headers=AUTH)
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "trace_index_unavailable"
+        assert "cannot read the tokenizer" in failed.json()["error"]["message"]
+        assert "cannot read the tokenizer" in client.get("/readyz").json()["reason"]
+        text = client.get("/metrics").text
+    assert sample_value(text, "lmforge_inference_trace_index_tokens", {"model_name": "trace"}) == 0
+
+
 def test_the_command_serves_an_index_from_s3(s3, index, keys, tmp_path):
     _, make_bucket = s3
     upload_tree(make_bucket("datasets"), "datasets", index, "cc/trace-index")

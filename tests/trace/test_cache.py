@@ -78,6 +78,26 @@ def test_an_s3_index_is_downloaded_once_verified_and_replaced_by_a_new_version(s
     assert [p.name for p in cache.iterdir() if p.is_dir()] == [newer.name]  # the old version is gone
 
 
+def test_a_version_another_process_is_downloading_is_left_alone(s3, tmp_path):
+    import fcntl
+
+    _, make_bucket = s3
+    client = make_bucket("data")
+    write_index(tmp_path / "v1")
+    upload_tree(client, "data", tmp_path / "v1", "run/trace-index")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    busy, idle = cache / "trace-index-00000000000000aa.partial", cache / "trace-index-00000000000000bb.partial"
+    for partial in (busy, idle):
+        (partial / "partition-000000").mkdir(parents=True)
+        (partial / "partition-000000" / "table.0").write_bytes(b"half")
+    with open(cache / "trace-index-00000000000000aa.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the other server, downloading that version
+        local = fetch_index("s3://data/run/trace-index", cache)
+    assert (busy / "partition-000000" / "table.0").read_bytes() == b"half" and not idle.exists()
+    assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == sorted([local.name, busy.name])
+
+
 def test_a_corrupt_file_refuses_the_index_and_nothing_looks_complete(s3, tmp_path):
     _, make_bucket = s3
     client = make_bucket("corrupt")

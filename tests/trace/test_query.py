@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from lmforge.trace.engine import TraceIndex
-from lmforge.trace.query import covered_tokens, trace_text, trace_tokens
+from lmforge.trace.query import trace_text, trace_tokens
 from tests.trace_index import SENTENCES, build_test_index, doc_metadata, make_tokenizer
 
 REPEATED = 3  # SENTENCES[REPEATED] is also in 5 more documents
@@ -130,12 +130,3 @@ def test_bad_ids_are_refused_in_one_line(tmp_path, ids, message):
     with pytest.raises(ValueError, match="^[^\n]+$") as raised:
         trace_tokens(index, ids)
     assert message in str(raised.value)
-
-
-def test_covered_tokens_counts_the_union():
-    spans = [{"start": 0, "end": 10, "length": 10}, {"start": 5, "end": 20, "length": 15},
-             {"start": 30, "end": 33, "length": 3}, {"start": 40, "end": 72, "length": 32}]
-    assert covered_tokens(spans, 1) == 20 + 3 + 32
-    assert covered_tokens(spans, 10) == 20 + 32
-    assert covered_tokens(spans, 32) == 32
-    assert covered_tokens([], 1) == 0

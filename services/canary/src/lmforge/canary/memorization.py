@@ -10,19 +10,22 @@ the output's length in the index tokenizer's tokens, so
 
 over all outputs. Maximal spans overlap (one output may continue two documents), hence the union.
 The server leaves out spans occurring more than its `trace.max_count` times (boilerplate), so those
-are not counted. A server without a trace index (404) or one still loading it (503 after the client's
-retries) makes the measurement "not traced" with the reason: no ratio, and the run does not fail."""
+are not counted. A server without a trace index (404), one still loading it (503 after the client's
+retries), or any trace that fails (429 or 504 past the retries, 413 for an output over the server's
+trace.max_tokens, an unexpected answer) makes the measurement "not traced" with the reason: no ratio,
+and the run does not fail."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from lmforge.canary.client import EndpointError, InferenceClient, RouteUnavailable
 from lmforge.canary.config import MemorizationSection
+from lmforge.common.errors import InputError
 from lmforge.common.logging import get_logger
+from lmforge.common.spans import covered_tokens
 
 log = get_logger("canary")
 
@@ -63,16 +66,6 @@ class Memorization(_Record):
     longest: list[MemorizedSpan] = []  # the LONGEST_SPANS longest, longest first
 
 
-def covered_tokens(spans: Iterable[tuple[int, int]], min_length: int) -> int:
-    """Tokens inside the union of the [start, end) intervals at least `min_length` long."""
-    covered, reach = 0, 0
-    for start, end in sorted(s for s in spans if s[1] - s[0] >= min_length):
-        if end > reach:
-            covered += end - max(start, reach)
-            reach = end
-    return covered
-
-
 def _spans(check: str, body: Any, url: str) -> tuple[int, list[MemorizedSpan]]:
     """(the output's tokens, its spans) from a /v1/trace answer."""
     try:
@@ -98,10 +91,12 @@ def measure_memorization(client: InferenceClient, outputs: list[tuple[str, str]]
             continue
         try:
             body = client.trace(text, min_span_tokens=min_length, max_documents=MAX_DOCUMENTS)
-        except RouteUnavailable as exc:
-            log.warning("memorization_not_traced", reason=str(exc))
-            return Memorization(traced=False, reason=str(exc), min_span_tokens=min_length)
-        output_tokens, found = _spans(check, body, client.trace_url)
+            output_tokens, found = _spans(check, body, client.trace_url)
+        except (RouteUnavailable, EndpointError, InputError) as exc:
+            # a trace that failed (busy or timed out past the retries, an output over trace.max_tokens, a bad
+            # answer) costs the measurement, not the run's perplexity and scores
+            log.warning("memorization_not_traced", check=check, reason=str(exc))
+            return Memorization(traced=False, reason=f"check {check!r}: {exc}", min_span_tokens=min_length)
         found = [span for span in found if span.length >= min_length]
         tokens += output_tokens
         memorized += covered_tokens(((s.start, s.end) for s in found), min_length)

@@ -8,6 +8,7 @@ resuming and for the global stages lives under work/.
 from __future__ import annotations
 
 import zlib
+from pathlib import PurePosixPath
 
 from lmforge.trace import format as trace_format
 
@@ -117,7 +118,12 @@ def shard(split: str, partition: int, k: int) -> str:
 
 
 def lineage(split: str, partition: int, k: int) -> str:
-    return f"lineage/{split}_{partition:06d}_{k:04d}.parquet"
+    return lineage_of(shard(split, partition, k))
+
+
+def lineage_of(shard_path: str) -> str:
+    """The lineage file of a shard (shards/NAME.bin → lineage/NAME.parquet)."""
+    return f"lineage/{PurePosixPath(shard_path).stem}.parquet"
 
 
 def shard_entries(partition: int) -> str:
@@ -157,7 +163,7 @@ def trace_index_stats(partition: int) -> str:
 
 
 def trace_partition(partition: int) -> str:
-    """The trace index of shard partition `partition` (an infini-gram index directory)."""
+    """The trace index of index partition `partition` (an infini-gram index directory)."""
     return f"{TRACE_INDEX}/{trace_format.partition_dir(partition)}"
 
 

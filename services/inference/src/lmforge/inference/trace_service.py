@@ -63,12 +63,17 @@ class IndexTokenizer:
             self.tokenizer = trace.TraceTokenizer(Codec(path), sha256_file(path), self.model_name)
         except Exception as exc:  # noqa: BLE001 - reported by /v1/trace and /readyz
             self.runner.index, self.runner.load_error = None, ConfigError(f"{path}: cannot read the tokenizer ({exc})")
+            self.runner.metrics.set_index(0, 0, 0)  # no index is served
             log.error("trace_tokenizer_unreadable", path=str(path), error=str(exc))
+
+    def not_ready(self) -> str:
+        """Why no trace can run yet (the runner's index may be loaded before its tokenizer is read)."""
+        return self.runner.readiness(None) if self.runner.load_error is not None else "the trace index is loading"
 
     @contextlib.contextmanager
     def __call__(self, model: str | None) -> Iterator[trace.TraceTokenizer]:
         if self.tokenizer is None:
-            reason = self.runner.readiness(None)
+            reason = self.not_ready()
             loading = self.runner.load_error is None
             raise ApiError(503, reason, "service_unavailable", headers={"Retry-After": "5"} if loading else None,
                            code="trace_index_loading" if loading else "trace_index_unavailable")
@@ -103,7 +108,7 @@ def create_trace_app(config: ServeConfig) -> tuple[FastAPI, IndexTokenizer]:
     @app.get("/readyz")
     def readyz():
         if tokenizer.tokenizer is None:
-            return JSONResponse({"status": "not ready", "reason": runner.readiness(None)}, status_code=503)
+            return JSONResponse({"status": "not ready", "reason": tokenizer.not_ready()}, status_code=503)
         return {"status": "ready", "index": config.trace.index, "tokens": runner.index.tokens}
 
     @app.get("/metrics")

@@ -1,9 +1,11 @@
 """Where a server reads a trace index from: `fetch_index(uri, cache_dir)` gives a local directory.
 
 A local index (a path or file://) is used in place. An index in object storage (s3://) is copied into
-`cache_dir` as lmforge-serve copies a model package (lmforge.model.package.fetch_package): one folder per
-index version, every file checked against what index.json records before it is kept, and the folder
-renamed into place only once complete, so a half download never looks like an index.
+`cache_dir`: one folder per index version, every file checked against what index.json records before it
+is kept, and the folder renamed into place only once complete, so a half download never looks like an
+index. (A model package's cache, lmforge.model.package.fetch_package, keeps a file per object and checks
+it when the package loads; an index is too large to read twice, so each file is verified as it lands and
+a restarted download keeps what was verified.)
 
     <cache_dir>/trace-index-<16 hex>/            a complete copy (the name: the URI and index.json's sha256)
     <cache_dir>/trace-index-<16 hex>.partial/    a download under way: each file appears under its own name
@@ -11,7 +13,8 @@ renamed into place only once complete, so a half download never looks like an in
 
 The engine's files are checked by size and sha256 (index.json's partition entries), tokenizer.json by
 index.json's tokenizer_sha256, each partition's entry.json by equality with its entry. Once a version is
-complete, the other versions in `cache_dir` are deleted: a server holds one index at a time.
+complete, the other versions in `cache_dir` are deleted (but one another process is downloading): a server
+holds one index at a time.
 """
 
 from __future__ import annotations
@@ -142,6 +145,16 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _remove_other_versions(cache_dir: Path, keep: Path) -> None:
-    for path in cache_dir.iterdir():
-        if path.name.startswith(PREFIX) and path.is_dir() and path != keep:
-            shutil.rmtree(path, ignore_errors=True)
+    """Every other version, complete or partial, unless a process holds its lock (downloading it now: another
+    server sharing the cache folder). The empty .lock files stay: removing one while a process waits on it
+    would let a third process lock a new file and download beside it."""
+    names = {p.name.removesuffix(".lock").removesuffix(PARTIAL) for p in cache_dir.iterdir()
+             if p.name.startswith(PREFIX)}
+    for name in sorted(names - {keep.name}):
+        with open(cache_dir / f"{name}.lock", "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            for path in (cache_dir / name, cache_dir / f"{name}{PARTIAL}"):
+                shutil.rmtree(path, ignore_errors=True)

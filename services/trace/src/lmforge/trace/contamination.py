@@ -19,8 +19,9 @@ from collections.abc import Iterable, Mapping
 
 import tokenizers
 
+from lmforge.common.spans import covered_tokens
 from lmforge.trace.engine import TraceIndex
-from lmforge.trace.query import covered_tokens, trace_text
+from lmforge.trace.query import trace_text
 
 OVERLAP_THRESHOLDS = (13, 32, 50)  # tokens
 HALF_COVERED = 0.5
@@ -43,7 +44,7 @@ def item_report(index: TraceIndex, tokenizer: tokenizers.Tokenizer, item_id: str
     result = trace_text(index, tokenizer, text, min_span_tokens=min_span_tokens, max_documents=max_documents,
                         span_density=None, max_count=max_count, snippet_tokens=SNIPPET_TOKENS)
     tokens = result.tokens
-    covered = covered_tokens(result.spans, min_span_tokens)
+    covered = covered_tokens(((s.start, s.end) for s in result.spans), min_span_tokens)
     return {"id": item_id, "text": text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS] + "…",
             "tokens": tokens, "spans": len(result.spans), "covered_tokens": covered,
             "covered_share": covered / tokens if tokens else 0.0, "longest": _longest(result, tokens)}

@@ -6,7 +6,8 @@ file names and checks from here.
                                              partition's entry
     <index root>/tokenizer.json              the data's tokenizer (the standalone trace service and the
                                              contamination report tokenize with it)
-    <index root>/partition-000003/           one index partition (data prep: a group of shard partitions), an infini-gram v4 index directory:
+    <index root>/partition-000003/           one index partition (data prep: a group of shard partitions), an
+                                             infini-gram v4 index directory:
         tokenized.0  table.0  offset.0         the engine's files (tokens with a separator before each document,
         metadata.0  metaoff.0                  the suffix array, document offsets, one JSON line of lineage per
         unigram.npy                            document and its offsets), and our unigram counts per token id

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import operator
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -105,19 +105,6 @@ def trace_text(index: TraceIndex, tokenizer: tokenizers.Tokenizer, text: str, **
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     kw.setdefault("decode", lambda part: tokenizer.decode(part, skip_special_tokens=False))
     return trace_tokens(index, ids, **kw)
-
-
-def covered_tokens(spans: Iterable, min_length: int) -> int:
-    """How many tokens lie inside the union of the spans at least `min_length` long (TraceSpans or their dicts)."""
-    intervals = sorted((s["start"], s["end"]) if isinstance(s, dict) else (s.start, s.end) for s in spans
-                       if (s["length"] if isinstance(s, dict) else s.length) >= min_length)
-    covered, reach = 0, 0
-    for start, end in intervals:
-        start = max(start, reach)
-        if end > start:
-            covered += end - start
-            reach = end
-    return covered
 
 
 def maximal_spans(index: TraceIndex, piece: list[int], min_len: int, max_count: int) -> list[tuple[int, int, tuple]]:

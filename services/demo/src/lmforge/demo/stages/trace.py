@@ -2,11 +2,12 @@
 
 A passage of a training document (a window from the middle of the first long enough document of the
 first train shard) goes to /v1/trace: the answer must name that document's URL, as its lineage records it.
-Then a completion prompted with the passage's first half asks for `trace: true`: the spans of the prompt
-and output found verbatim in the training data come back with the choice."""
+Then a completion prompted with the passage's first half asks for `trace: true`: the spans of the output
+found verbatim in the training data come back with the choice."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import httpx
 from lmforge.demo.processes import StepFailed
 
 PASSAGE_TOKENS = 64
+INDEX_LOAD_SECONDS = 120
 
 
 @dataclass
@@ -37,12 +39,13 @@ def training_passage(data_dir: Path) -> tuple[str, str]:
 
     from lmforge.common.shard_index import MANIFEST, parse_manifest, read_split_index
     from lmforge.common.shards import open_shard, read_doc_ends
+    from lmforge.dataprep import layout
 
     manifest = parse_manifest((data_dir / MANIFEST).read_bytes(), str(data_dir / MANIFEST))
     tokenizer = Tokenizer.from_file(str(data_dir / "tokenizer.json"))
     for shard in read_split_index(manifest, "train", lambda rel: (data_dir / rel).read_bytes(), str(data_dir)):
         _, tokens = open_shard(data_dir / shard.path)
-        lineage = pq.read_table(data_dir / "lineage" / Path(shard.path).with_suffix(".parquet").name, columns=["url"])
+        lineage = pq.read_table(data_dir / layout.lineage_of(shard.path), columns=["url"])
         start = 0
         for index, end in enumerate(read_doc_ends(data_dir / shard.path)):
             end = int(end)
@@ -55,7 +58,15 @@ def training_passage(data_dir: Path) -> tuple[str, str]:
 
 
 def _post(url: str, api_key: str, route: str, body: dict) -> dict:
-    response = httpx.post(f"{url}{route}", json=body, headers={"Authorization": f"Bearer {api_key}"}, timeout=120)
+    """The answer's JSON; a 503 (the trace index still loading: /readyz covers the model only) is asked again
+    for up to INDEX_LOAD_SECONDS."""
+    deadline = time.monotonic() + INDEX_LOAD_SECONDS
+    while True:
+        response = httpx.post(f"{url}{route}", json=body, headers={"Authorization": f"Bearer {api_key}"},
+                              timeout=120)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if response.status_code != 200:
         raise StepFailed(f"{route} answered {response.status_code}: {response.text[:500]}")
     return response.json()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request
 
+from lmforge.common.logging import get_logger
 from lmforge.inference.api_errors import ApiError, error_body
 from lmforge.inference.routes.deps import authorize, ready_model
 from lmforge.inference.schemas import TraceOptions, TraceRequest, TraceResponse
@@ -34,6 +35,8 @@ from lmforge.trace.query import trace_tokens
 
 router = APIRouter(dependencies=[Depends(authorize)])
 DEFAULT_DOCUMENTS = 10  # per span, when the request does not say (at most trace.max_documents)
+log = get_logger("inference")
+
 # the trace latency histogram's `outcome` of a refused trace, by status ("ok" when answered; anything else "error")
 OUTCOMES = {400: "invalid", 413: "too_long", 429: "busy", 503: "unavailable", 504: "timeout"}
 
@@ -180,4 +183,8 @@ async def trace_choices(service: InferenceService, served: ServedModel, generate
         except ApiError as error:
             runner.metrics.observe(OUTCOMES.get(error.status, "error"), time.monotonic() - started)
             traces.append(error_body(error.message, error.type, code=error.code))
+        except Exception as exc:  # noqa: BLE001 - an engine failure after generation: the completion stands
+            log.error("trace_failed", error=str(exc), kind=type(exc).__name__, exc_info=True)
+            runner.metrics.observe("error", time.monotonic() - started)
+            traces.append(error_body(f"the trace failed: {exc}", "server_error", code="trace_failed"))
     return traces
