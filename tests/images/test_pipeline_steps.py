@@ -40,8 +40,8 @@ BUCKET = "lmforge"
 DATA = f"s3://{BUCKET}/datasets/sample"
 MAX_ROUNDS = 3  # of the duplicate components: the pipeline is compiled with as many as the config allows
 DATAPREP_CONFIG = {"tokenizer": {"vocab_size": 512}, "shards": {"shard_tokens": 20000, "val_fraction": 0.1},
-                   "components": {"max_rounds": MAX_ROUNDS}}
-STAGE_TASKS = {"combine": 1, "dedup": 2, "components": 2, "tokenize": 1, "shards": 2}
+                   "components": {"max_rounds": MAX_ROUNDS}, "trace_index": {"enabled": True}}
+STAGE_TASKS = {"combine": 1, "dedup": 2, "components": 2, "tokenize": 1, "shards": 2, "trace-index": 2}
 TRAIN_CONFIG = {"data": {"seq_len": 64, "batch_size": 4}, "optim": {"warmup_steps": 1},
                 "model": {"overrides": {"n_layer": 2, "n_embd": 64, "context_length": 64}}}
 STEPS = 6  # the final checkpoint is step 5
@@ -123,6 +123,10 @@ def test_data_pipeline_steps_run_in_the_dataprep_image(data_run, compiled, store
     assert {s["split"] for s in shards} == set(manifest["splits"]) == {"train", "val"}
     assert {f"datasets/sample/{s['path']}" for s in shards} <= keys
     assert {"datasets/sample/tokenizer.json", "datasets/sample/report.html"} <= keys
+    # the trace index, built in the image by infini-gram's indexer, over every train shard's documents
+    trace = json.loads(client.get_object(Bucket=BUCKET, Key="datasets/sample/trace-index/index.json")["Body"].read())
+    assert trace["documents"] == sum(s["documents"] for s in shards if s["split"] == "train") > 0
+    assert {f"datasets/sample/trace-index/{p['name']}/table.0" for p in trace["partitions"]} <= keys
     # The artifacts, written where KFP's launcher would upload them from.
     final = runner.steps[-1].artifacts
     assert json.loads(final["dataset"]["path"].read_text()) == manifest
