@@ -44,6 +44,15 @@ def tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def uploaded_index(s3, tmp_path: Path):
+    """A two-partition index uploaded to s3://data/run/trace-index; returns the bucket's client."""
+    _, make_bucket = s3
+    client = make_bucket("data")
+    write_index(tmp_path / "v1")
+    upload_tree(client, "data", tmp_path / "v1", "run/trace-index")
+    return client
+
+
 def test_a_local_index_is_used_in_place(tmp_path):
     write_index(tmp_path / "index")
     assert fetch_index(str(tmp_path / "index"), tmp_path / "cache") == tmp_path / "index"
@@ -54,10 +63,7 @@ def test_a_local_index_is_used_in_place(tmp_path):
 
 
 def test_an_s3_index_is_downloaded_once_verified_and_replaced_by_a_new_version(s3, tmp_path):
-    _, make_bucket = s3
-    client = make_bucket("data")
-    write_index(tmp_path / "v1")
-    upload_tree(client, "data", tmp_path / "v1", "run/trace-index")
+    client = uploaded_index(s3, tmp_path)
     cache = tmp_path / "cache"
 
     local = fetch_index("s3://data/run/trace-index", cache)
@@ -81,10 +87,7 @@ def test_an_s3_index_is_downloaded_once_verified_and_replaced_by_a_new_version(s
 def test_a_version_another_process_is_downloading_is_left_alone(s3, tmp_path):
     import fcntl
 
-    _, make_bucket = s3
-    client = make_bucket("data")
-    write_index(tmp_path / "v1")
-    upload_tree(client, "data", tmp_path / "v1", "run/trace-index")
+    uploaded_index(s3, tmp_path)
     cache = tmp_path / "cache"
     cache.mkdir()
     busy, idle = cache / "trace-index-00000000000000aa.partial", cache / "trace-index-00000000000000bb.partial"
