@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from tokenizers import Tokenizer
 
 from lmforge.demo.dashboards import dashboard_queries, load_dashboards, query_panels, requires_of
 from lmforge.demo.dashboards_page import write_page
@@ -30,7 +31,8 @@ from tests.observability.page_charts import read_page, with_repeats
 from tests.ports import free_port
 from tests.processes import stop
 from tests.prometheus_tools import alerts, query, running_prometheus, running_pushgateway, static_job, targets_up
-from tests.serving import perturbed_package, running_server, train_tiny_package, train_tokenizer
+from tests.serving import EOT, SENTENCES, perturbed_package, running_server, train_tiny_package, train_tokenizer
+from tests.trace_index import build_test_index
 from tests.trainer.helpers import random_output
 
 pytestmark = pytest.mark.slow
@@ -75,22 +77,28 @@ def background(command: list[str], log: Path, env: dict[str, str] | None = None)
 class Inference:
     """The inference server on one fixed port, so Prometheus keeps scraping it across swaps."""
 
-    def __init__(self, log: Path):
+    def __init__(self, log: Path, trace_index: Path):
         self.port, self.log, self._stack = free_port(), log, contextlib.ExitStack()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.trace_index = trace_index  # every model served traces against it (the same tokenizer)
 
     def serve(self, package: Path, *settings: str) -> None:
         self._stack.close()
         self._stack = contextlib.ExitStack()
-        self._stack.enter_context(running_server(package, *settings, port=self.port, log_path=self.log))
+        self._stack.enter_context(running_server(package, f"trace.index={self.trace_index}", *settings,
+                                                 port=self.port, log_path=self.log))
 
     def traffic(self, n: int, concurrency: int = 4) -> None:
+        """n completions, and a trace of one sentence each fourth (the trace latency panel's data)."""
         import concurrent.futures
 
         def one(i):
             response = httpx.post(f"{self.url}/v1/completions", timeout=60,
                                   json={"prompt": "The sun rises", "max_tokens": 8, "temperature": 0.7, "seed": i})
             assert response.status_code == 200, response.text
+            if i % 4 == 0:
+                traced = httpx.post(f"{self.url}/v1/trace", timeout=60, json={"text": SENTENCES[i % len(SENTENCES)]})
+                assert traced.status_code == 200, traced.text
 
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(one, range(n)))
@@ -105,9 +113,14 @@ def stack(tmp_path_factory):
     good = train_tiny_package(work / "models" / "good")
     worse = perturbed_package(good, work / "models" / "worse", scale=0.5)
     eval_set = write_eval_set(work / "canary.yaml")
+    # what the models learned, indexed with their tokenizer: /v1/trace and the canary's memorization gauge
+    tokenizer = Tokenizer.from_file(str(good / "tokenizer.json"))
+    trace_index = build_test_index(work / "trace-index", [tokenizer.encode(s).ids for s in SENTENCES],
+                                   vocab_size=tokenizer.get_vocab_size(), eos_token_id=tokenizer.token_to_id(EOT),
+                                   tokenizer_json=good / "tokenizer.json")
     with contextlib.ExitStack() as stack:
         gateway = stack.enter_context(running_pushgateway(work / "pushgateway.log"))
-        inference = Inference(work / "serve.log")
+        inference = Inference(work / "serve.log", trace_index)
         stack.callback(inference.close)
         inference.serve(good)
 
